@@ -1,0 +1,40 @@
+"""tidegate: a PostgreSQL-backed job dispatch engine with lanes and workloops.
+
+The public API::
+
+    from tidegate import Tidegate, NewRun, Retry, Cancel
+
+See ``tidegate.app`` for a quick start.
+"""
+
+from tidegate.app import NewRun, Task, Tidegate
+from tidegate.errors import (
+    ConfigError,
+    EnqueueError,
+    SchemaError,
+    TidegateError,
+    UnknownTaskError,
+)
+from tidegate.lanes import WorkloopSpec, parse_chain, parse_workloops
+from tidegate.runs import Cancel, Retry, Run, RunState, current_run
+from tidegate.settings import Settings
+
+__all__ = [
+    "Cancel",
+    "ConfigError",
+    "EnqueueError",
+    "NewRun",
+    "Retry",
+    "Run",
+    "RunState",
+    "SchemaError",
+    "Settings",
+    "Task",
+    "Tidegate",
+    "TidegateError",
+    "UnknownTaskError",
+    "WorkloopSpec",
+    "current_run",
+    "parse_chain",
+    "parse_workloops",
+]

@@ -1,0 +1,344 @@
+"""The library's front door: ``Tidegate``, tasks, and enqueueing runs.
+
+::
+
+    app = Tidegate()                       # embedded PostgreSQL, or TIDEGATE_DATABASE_URL
+
+    @app.task(lane="default", max_attempts=5, timeout=30)
+    async def send_email(to: str, subject: str) -> dict:
+        ...
+
+    app.migrate()
+    run = app.enqueue(send_email, {"to": "a@example.com", "subject": "hi"})
+    runs = app.enqueue_many([NewRun(send_email, {...}) for ...])   # one statement
+    app.run_worker("fast_lane:1 manual>*:4")
+
+Every operation has a sync form (``enqueue``) and an async one (``aenqueue``); both run
+the same steps (``storage.sql.Steps``), only the connection differs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar, overload
+
+from psycopg_pool import AsyncConnectionPool
+
+from tidegate.errors import EnqueueError
+from tidegate.lanes import LANE_NAME
+from tidegate.runs import Run, run_row
+from tidegate.settings import Settings
+from tidegate.storage.database import Database
+from tidegate.storage.migrate import migrate
+from tidegate.storage.sql import Statement, Steps, adrive, drive
+
+DEFAULT_PROJECT = "default"
+DEFAULT_LANE = "default"
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Task:
+    """A registered handler and the defaults of the runs enqueued for it."""
+
+    name: str
+    fn: Callable[..., Any]
+    lane: str = DEFAULT_LANE
+    max_attempts: int | None = None
+    timeout: float | None = None
+    """Seconds an attempt may take; ``None`` for no limit."""
+    priority: int = 0
+    key: Callable[[dict[str, Any]], str] | None = None
+    """Computes a run's concurrency/fairness key from its args (default: its project)."""
+    backoff: Callable[[int], float] | None = None
+    """Seconds to wait before attempt ``n + 1`` after attempt ``n`` failed."""
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to enqueue; options left ``None`` come from the task, then the defaults."""
+
+    task: str | Task
+    args: dict[str, Any] | None = None
+    project: str = DEFAULT_PROJECT
+    lane: str | None = None
+    key: str | None = None
+    priority: int | None = None
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    """Seconds (or a timedelta) from now; the run is ``scheduled`` until then."""
+    idempotency_key: str | None = None
+    max_attempts: int | None = None
+
+
+class Tidegate:
+    """A tidegate application: its settings, database, and registered tasks."""
+
+    def __init__(
+        self, database_url: str | None = None, *, settings: Settings | None = None, **options: Any
+    ) -> None:
+        self.settings = settings or Settings.from_env(database_url=database_url, **options)
+        self.database = Database(self.settings)
+        self.tasks: dict[str, Task] = {}
+        self._async_pool: tuple[asyncio.AbstractEventLoop, AsyncConnectionPool] | None = None
+
+    @property
+    def available_channel(self) -> str:
+        """The NOTIFY channel that wakes workers; the payload is the lane."""
+        return f"{self.settings.schema}.available"
+
+    @property
+    def completed_channel(self) -> str:
+        """The NOTIFY channel of finished fast-lane runs; the payload is the run id."""
+        return f"{self.settings.schema}.completed"
+
+    # -- tasks --------------------------------------------------------------------
+
+    @overload
+    def task(self, fn: F) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        lane: str = DEFAULT_LANE,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        key: Callable[[dict[str, Any]], str] | None = None,
+        backoff: Callable[[int], float] | None = None,
+    ) -> Callable[[F], Task]: ...
+
+    def task(
+        self,
+        fn: F | None = None,
+        *,
+        name: str | None = None,
+        lane: str = DEFAULT_LANE,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        priority: int = 0,
+        key: Callable[[dict[str, Any]], str] | None = None,
+        backoff: Callable[[int], float] | None = None,
+    ) -> Task | Callable[[F], Task]:
+        """Register a handler, as ``@app.task`` or ``@app.task(name=..., lane=...)``.
+
+        The handler is called with the run's args as keyword arguments; an ``async def``
+        runs on the worker's event loop, a plain ``def`` in its thread pool. Its return
+        value (JSON) becomes the run's result.
+        """
+
+        def register(fn: F) -> Task:
+            _check_lane(lane)
+            task = Task(
+                name=name or f"{fn.__module__}.{fn.__qualname__}",
+                fn=fn,
+                lane=lane,
+                max_attempts=max_attempts,
+                timeout=timeout,
+                priority=priority,
+                key=key,
+                backoff=backoff,
+            )
+            self.tasks[task.name] = task
+            return task
+
+        return register(fn) if fn is not None else register
+
+    # -- enqueue ------------------------------------------------------------------
+
+    def enqueue(self, task: str | Task, args: dict[str, Any] | None = None, **options: Any) -> Run:
+        """Enqueue one run and return it (the original one for a repeated idempotency key)."""
+        return self.enqueue_many([NewRun(task, args, **options)])[0]
+
+    def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
+        """Enqueue runs in one statement; return them in input order."""
+        return self._run(self._enqueue_steps(list(runs)))
+
+    async def aenqueue(
+        self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
+    ) -> Run:
+        """Async form of ``enqueue``."""
+        return (await self.aenqueue_many([NewRun(task, args, **options)]))[0]
+
+    async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
+        """Async form of ``enqueue_many``."""
+        return await self._arun(self._enqueue_steps(list(runs)))
+
+    def _enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
+        if not new:
+            return []
+        columns = self._insert_columns(new)
+        inserted: list[Run] = yield Statement(
+            "insert_runs", {**columns, "channel": self.available_channel}, run_row
+        )
+        # Rows come back in id order, which is input order; a repeated idempotency key
+        # inserted nothing and is read back below.
+        inserted.sort(key=lambda run: run.id)
+        fresh_keys = {(r.project, r.idempotency_key) for r in inserted if r.idempotency_key}
+        results: list[Run | None] = []
+        taken = iter(inserted)
+        for project, key in zip(columns["project"], columns["idempotency_key"], strict=True):
+            duplicate = key is not None and (project, key) not in fresh_keys
+            results.append(None if duplicate else next(taken))
+            if key is not None:
+                fresh_keys.discard((project, key))  # a second use in the batch is a repeat
+        for project in {columns["project"][i] for i, run in enumerate(results) if run is None}:
+            keys = [
+                columns["idempotency_key"][i]
+                for i, run in enumerate(results)
+                if run is None and columns["project"][i] == project
+            ]
+            found = yield Statement("find_runs_by_key", {"project": project, "keys": keys}, run_row)
+            by_key = {run.idempotency_key: run for run in found}
+            for i, run in enumerate(results):
+                if run is None and columns["project"][i] == project:
+                    results[i] = by_key.get(columns["idempotency_key"][i])
+        if any(run is None for run in results):
+            # The original was pruned between the insert and the read: insert again.
+            missing = [n for n, run in zip(new, results, strict=True) if run is None]
+            again = iter((yield from self._enqueue_steps(missing)))
+            results = [run if run is not None else next(again) for run in results]
+        return [run for run in results if run is not None]
+
+    def _insert_columns(self, new: Sequence[NewRun]) -> dict[str, list[Any]]:
+        columns: dict[str, list[Any]] = {
+            name: []
+            for name in (
+                "project",
+                "lane",
+                "key",
+                "task",
+                "args",
+                "priority",
+                "max_attempts",
+                "scheduled_at",
+                "idempotency_key",
+            )
+        }
+        now = datetime.now(UTC)
+        for n in new:
+            task = n.task if isinstance(n.task, Task) else self.tasks.get(n.task)
+            name = n.task if isinstance(n.task, str) else n.task.name
+            args = {} if n.args is None else n.args
+            if not isinstance(args, dict):
+                raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
+            lane = n.lane or (task.lane if task else DEFAULT_LANE)
+            _check_lane(lane)
+            priority = n.priority if n.priority is not None else (task.priority if task else 0)
+            if not 0 <= priority <= 9:
+                raise EnqueueError(f"priority of {name!r} must be 0 (first) to 9, got {priority}")
+            key = n.key or (task.key(args) if task and task.key else n.project)
+            scheduled_at = n.run_at
+            if n.delay is not None:
+                delay = n.delay if isinstance(n.delay, timedelta) else timedelta(seconds=n.delay)
+                scheduled_at = now + delay
+            columns["project"].append(n.project)
+            columns["lane"].append(lane)
+            columns["key"].append(key)
+            columns["task"].append(name)
+            columns["args"].append(json.dumps(args))
+            columns["priority"].append(priority)
+            columns["max_attempts"].append(
+                n.max_attempts
+                or (task.max_attempts if task else None)
+                or self.settings.max_attempts
+            )
+            columns["scheduled_at"].append(scheduled_at)
+            columns["idempotency_key"].append(n.idempotency_key)
+        return columns
+
+    # -- reading and cancelling runs ---------------------------------------------
+
+    def get_run(self, run_id: int) -> Run | None:
+        """Return one run, or ``None``."""
+        return self._run(_first(Statement("get_run", {"id": run_id}, run_row)))
+
+    async def aget_run(self, run_id: int) -> Run | None:
+        return await self._arun(_first(Statement("get_run", {"id": run_id}, run_row)))
+
+    def list_runs(
+        self,
+        *,
+        project: str | None = None,
+        lane: str | None = None,
+        state: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """Return the newest runs matching every filter given."""
+        params = {"project": project, "lane": lane, "state": state, "task": task, "limit": limit}
+        return self._run(_all(Statement("list_runs", params, run_row)))
+
+    def cancel(self, run_id: int) -> Run | None:
+        """Cancel a run that has not finished; return it, or ``None`` if it had."""
+        return self._run(_first(Statement("cancel_run", {"id": run_id}, run_row)))
+
+    # -- schema and workers -------------------------------------------------------
+
+    def migrate(self) -> list[int]:
+        """Apply missing migrations (safe to call from several processes at once)."""
+        with self.database.connect() as conn:
+            return migrate(conn, self.settings.schema)
+
+    def run_worker(self, workloops: str | None = None, **options: Any) -> None:
+        """Run a worker in this process until SIGTERM or SIGINT (see ``tidegate.worker``)."""
+        from tidegate.worker.runtime import Worker
+
+        settings = self.settings.replace(workloops=workloops or self.settings.workloops, **options)
+        asyncio.run(Worker(self, settings).run_until_signalled())
+
+    def close(self) -> None:
+        """Close this process's connections (the async pool closes with its loop)."""
+        self.database.close()
+
+    async def aclose(self) -> None:
+        if self._async_pool is not None:
+            await self._async_pool[1].close()
+            self._async_pool = None
+        self.database.close()
+
+    # -- drivers ------------------------------------------------------------------
+
+    def _run(self, steps: Steps[T]) -> T:
+        with self.database.pool().connection() as conn:
+            return drive(conn, steps)
+
+    async def _arun(self, steps: Steps[T]) -> T:
+        loop = asyncio.get_running_loop()
+        if self._async_pool is None or self._async_pool[0] is not loop:
+            pool = self.database.async_pool()
+            await pool.open()
+            self._async_pool = (loop, pool)
+        async with self._async_pool[1].connection() as conn:
+            return await adrive(conn, steps)
+
+
+def _first(statement: Statement) -> Steps[Any]:
+    rows = yield statement
+    return rows[0] if rows else None
+
+
+def _all(statement: Statement) -> Steps[Any]:
+    return (yield statement)
+
+
+def _check_lane(lane: str) -> None:
+    if not LANE_NAME.fullmatch(lane):
+        raise EnqueueError(f"lane name {lane!r} must match [A-Za-z0-9_]+")

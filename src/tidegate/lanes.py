@@ -1,0 +1,106 @@
+"""Lane chains and workloop specs.
+
+A *chain* is the ordered list of lanes a claim may take from:
+
+- filter mode (no ``*``): only the named lanes, in chain order;
+- preference mode (``*`` last): the named lanes first, in order, then every other lane.
+
+A *workloop spec* splits a worker's slots into independent groups, each with its own
+chain: ``"fast_lane:1 manual>*:4"`` is one slot that only runs ``fast_lane`` and four
+slots that prefer ``manual`` and take anything. Groups never lend slots to each other.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tidegate.errors import ConfigError
+
+WILDCARD = "*"
+DEFAULT_CHAIN: tuple[str, ...] = ("manual", WILDCARD)
+FAST_LANE = "fast_lane"
+
+LANE_NAME = re.compile(r"[A-Za-z0-9_]+")
+"""What a lane name may be."""
+
+
+def parse_chain(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Parse ``"manual>*"`` (or a list of names) into a validated chain.
+
+    Raises ``ConfigError`` naming the bad part: an empty chain, a malformed lane name,
+    ``*`` anywhere but last, or a lane named twice.
+    """
+    parts = text.split(">") if isinstance(text, str) else list(text)
+    if not parts or parts == [""]:
+        raise ConfigError("a lane chain needs at least one lane, e.g. 'manual>*'")
+    seen: set[str] = set()
+    for position, lane in enumerate(parts):
+        if lane == WILDCARD:
+            if position != len(parts) - 1:
+                raise ConfigError(f"'*' must be the last lane of a chain, got {'>'.join(parts)!r}")
+        elif not LANE_NAME.fullmatch(lane):
+            raise ConfigError(f"lane name {lane!r} must match [A-Za-z0-9_]+")
+        if lane in seen:
+            raise ConfigError(f"lane {lane!r} appears twice in chain {'>'.join(parts)!r}")
+        seen.add(lane)
+    return tuple(parts)
+
+
+def chain_or_default(text: str | list[str] | None) -> tuple[str, ...]:
+    """Parse a chain from untrusted input; anything malformed falls back to the default."""
+    if text is None:
+        return DEFAULT_CHAIN
+    try:
+        return parse_chain(text)
+    except ConfigError:
+        return DEFAULT_CHAIN
+
+
+def chain_admits(chain: tuple[str, ...], lane: str) -> bool:
+    """Tell whether a claim with this chain can ever take a run of ``lane``."""
+    return lane in chain or WILDCARD in chain
+
+
+@dataclass(frozen=True)
+class WorkloopSpec:
+    """One group of slots and the chain its claims follow."""
+
+    chain: tuple[str, ...]
+    slots: int
+
+    @property
+    def named_lanes(self) -> tuple[str, ...]:
+        return tuple(lane for lane in self.chain if lane != WILDCARD)
+
+    @property
+    def wildcard(self) -> bool:
+        return WILDCARD in self.chain
+
+    def __str__(self) -> str:
+        return f"{'>'.join(self.chain)}:{self.slots}"
+
+
+def parse_workloops(spec: str) -> tuple[WorkloopSpec, ...]:
+    """Parse ``"fast_lane:1 manual>*:4"`` into workloops, or raise ``ConfigError``."""
+    groups = spec.split()
+    if not groups:
+        raise ConfigError("a workloop spec needs at least one group, e.g. 'manual>*:4'")
+    loops = []
+    for group in groups:
+        chain_text, colon, slots_text = group.rpartition(":")
+        if not colon:
+            raise ConfigError(f"workloop {group!r} needs a slot count, e.g. '{group}:4'")
+        if not slots_text.isdigit() or int(slots_text) < 1:
+            raise ConfigError(f"workloop {group!r}: slots must be a whole number >= 1")
+        try:
+            chain = parse_chain(chain_text)
+        except ConfigError as error:
+            raise ConfigError(f"workloop {group!r}: {error}") from None
+        loops.append(WorkloopSpec(chain=chain, slots=int(slots_text)))
+    return tuple(loops)
+
+
+def default_workloops(slots: int) -> tuple[WorkloopSpec, ...]:
+    """Return the default: one group of ``slots`` that prefers ``manual`` and takes anything."""
+    return (WorkloopSpec(chain=DEFAULT_CHAIN, slots=slots),)

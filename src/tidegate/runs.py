@@ -1,0 +1,113 @@
+"""Runs: one execution of a task, as stored in the ``runs`` table.
+
+A run's life::
+
+    scheduled --due--> available --claim--> running --+--> succeeded
+        ^                  ^                         |--> discarded (last attempt failed)
+        |                  |                         |--> cancelled
+        +---- retry -------+---- rescue / hand back -+
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from psycopg import Cursor
+from psycopg.rows import RowMaker
+
+
+class RunState(StrEnum):
+    """The states of a run; mirrors the SQL type ``run_state``."""
+
+    SCHEDULED = "scheduled"
+    AVAILABLE = "available"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DISCARDED = "discarded"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunState.SUCCEEDED, RunState.DISCARDED, RunState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as stored; ``errors`` holds one entry per failed attempt."""
+
+    id: int
+    project: str
+    lane: str
+    key: str
+    task: str
+    args: Any
+    state: RunState
+    priority: int
+    attempt: int
+    max_attempts: int
+    scheduled_at: datetime
+    inserted_at: datetime
+    attempted_at: datetime | None
+    completed_at: datetime | None
+    worker_id: str | None
+    lease_expires_at: datetime | None
+    result: Any
+    errors: list[dict[str, Any]]
+    idempotency_key: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the run as JSON-ready data (timestamps in ISO 8601)."""
+        return {
+            f.name: value.isoformat() if isinstance(value, datetime) else value
+            for f in fields(self)
+            for value in [getattr(self, f.name)]
+        }
+
+
+_RUN_FIELDS = frozenset(f.name for f in fields(Run))
+
+
+def run_row(cursor: Cursor[Any]) -> RowMaker[Run]:
+    """Row factory that builds ``Run`` objects from ``SELECT *`` of ``runs``."""
+    names = [column.name for column in cursor.description or ()]
+
+    def make(values: Sequence[Any]) -> Run:
+        row = {
+            name: value for name, value in zip(names, values, strict=True) if name in _RUN_FIELDS
+        }
+        row["state"] = RunState(row["state"])
+        return Run(**row)
+
+    return make
+
+
+class Retry(Exception):
+    """Raise from a handler to run it again after ``delay_seconds``.
+
+    The attempt does not count against ``max_attempts`` and records no error.
+    """
+
+    def __init__(self, delay_seconds: float = 0.0) -> None:
+        super().__init__(f"retry in {delay_seconds}s")
+        self.delay_seconds = delay_seconds
+
+
+class Cancel(Exception):
+    """Raise from a handler to stop its run for good: it ends ``cancelled``."""
+
+    def __init__(self, reason: str = "cancelled by its handler") -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+_current_run: contextvars.ContextVar[Run] = contextvars.ContextVar("tidegate_current_run")
+
+
+def current_run() -> Run:
+    """Return the run whose handler is executing (raises ``LookupError`` outside one)."""
+    return _current_run.get()

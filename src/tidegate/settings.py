@@ -1,0 +1,123 @@
+"""One settings object for the library, the worker and the CLI.
+
+Every option has a ``DEFAULT_*`` value, can be set from a ``TIDEGATE_<NAME>`` environment
+variable (``TIDEGATE_LEASE_SECONDS=10``), and from the CLI, which overrides both.
+Durations carry their unit in the name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tidegate.errors import ConfigError
+from tidegate.lanes import WorkloopSpec, parse_workloops
+
+DEFAULT_SCHEMA = "tidegate"
+DEFAULT_DATA_DIR = Path(".tidegate")
+DEFAULT_WORKLOOPS = "manual>*:10"
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_HEARTBEAT_SECONDS = 2.0
+DEFAULT_POLL_SECONDS = 1.0
+DEFAULT_STAGE_SECONDS = 0.5
+DEFAULT_RESCUE_SECONDS = 5.0
+DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
+DEFAULT_PRUNE_SECONDS = 60.0
+DEFAULT_PRUNE_BATCH = 1000
+DEFAULT_SHUTDOWN_GRACE_SECONDS = 25.0
+DEFAULT_MAX_ATTEMPTS = 20
+DEFAULT_BACKOFF_BASE_SECONDS = 1.0
+DEFAULT_BACKOFF_MAX_SECONDS = 3600.0
+DEFAULT_POOL_SIZE = 8
+
+ENV_PREFIX = "TIDEGATE_"
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Validated configuration; build it with ``Settings.from_env(**overrides)``."""
+
+    database_url: str | None = None
+    """PostgreSQL URL; ``None`` starts the embedded server under ``data_dir``."""
+    schema: str = DEFAULT_SCHEMA
+    data_dir: Path = DEFAULT_DATA_DIR
+    workloops: str = DEFAULT_WORKLOOPS
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
+    heartbeat_seconds: float = DEFAULT_HEARTBEAT_SECONDS
+    poll_seconds: float = DEFAULT_POLL_SECONDS
+    stage_seconds: float = DEFAULT_STAGE_SECONDS
+    rescue_seconds: float = DEFAULT_RESCUE_SECONDS
+    retention_seconds: float = DEFAULT_RETENTION_SECONDS
+    prune_seconds: float = DEFAULT_PRUNE_SECONDS
+    prune_batch: int = DEFAULT_PRUNE_BATCH
+    shutdown_grace_seconds: float = DEFAULT_SHUTDOWN_GRACE_SECONDS
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
+    backoff_max_seconds: float = DEFAULT_BACKOFF_MAX_SECONDS
+    pool_size: int = DEFAULT_POOL_SIZE
+    parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not _SCHEMA_NAME.fullmatch(self.schema):
+            raise ConfigError(f"schema {self.schema!r} must match [a-z_][a-z0-9_]*")
+        for f in fields(self):
+            if not f.name.endswith("_seconds"):
+                continue
+            value = getattr(self, f.name)
+            if not value > 0:
+                raise ConfigError(f"{f.name} must be > 0 seconds, got {value!r}")
+        for name in ("prune_batch", "max_attempts", "pool_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.heartbeat_seconds >= self.lease_seconds:
+            raise ConfigError(
+                f"heartbeat_seconds ({self.heartbeat_seconds}) must be shorter than "
+                f"lease_seconds ({self.lease_seconds}), or leases lapse between beats"
+            )
+        object.__setattr__(self, "parsed_workloops", parse_workloops(self.workloops))
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from defaults < ``TIDEGATE_*`` variables < ``overrides``.
+
+        Overrides whose value is ``None`` are ignored, so CLI options that were not given
+        leave the environment's value in place.
+        """
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if not f.init:
+                continue
+            raw = environ.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _convert(f, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        """Return a copy with some options changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _convert(f: dataclasses.Field[Any], raw: str) -> Any:
+    default = f.default
+    try:
+        if isinstance(default, bool):
+            return raw.lower() in ("1", "true", "yes", "on")
+        if isinstance(default, int):
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        if isinstance(default, Path):
+            return Path(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{ENV_PREFIX}{f.name.upper()}={raw!r} is not a valid {type(default).__name__}"
+        ) from None
+    return raw

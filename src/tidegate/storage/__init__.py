@@ -1,0 +1,1 @@
+"""Storage: the embedded server, connection pools, migrations and the SQL statements."""

@@ -1,0 +1,84 @@
+"""Connections to tidegate's database.
+
+``Database`` resolves where the database is (the URL from settings, or the embedded
+server, started on first use) and hands out pools whose connections all have
+``search_path`` set to tidegate's schema, so statements never format the schema in.
+
+Behind PgBouncer in transaction mode, startup ``options`` and ``LISTEN`` do not work:
+point workers (which LISTEN) at PostgreSQL directly, and give PgBouncer
+``ignore_startup_parameters = options`` with a per-user ``search_path`` instead.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from tidegate.settings import Settings
+from tidegate.storage.embedded import start_embedded
+
+
+class Database:
+    """Where tidegate's data lives, and pools of connections to it."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._url: str | None = settings.database_url
+        self._lock = threading.RLock()
+        self._pool: ConnectionPool | None = None
+
+    @property
+    def embedded(self) -> bool:
+        """Tell whether tidegate runs its own server (no URL was configured)."""
+        return self.settings.database_url is None
+
+    def conninfo(self) -> str:
+        """Return the connection string, starting the embedded server if needed."""
+        with self._lock:
+            if self._url is None:
+                self._url = start_embedded(self.settings.data_dir)
+        return make_conninfo(
+            self._url,
+            options=f"-c search_path={self.settings.schema}",
+            application_name="tidegate",
+        )
+
+    def connect(self, *, autocommit: bool = True) -> psycopg.Connection:
+        return psycopg.connect(self.conninfo(), autocommit=autocommit)
+
+    async def aconnect(self, *, autocommit: bool = True) -> psycopg.AsyncConnection:
+        return await psycopg.AsyncConnection.connect(self.conninfo(), autocommit=autocommit)
+
+    def pool(self) -> ConnectionPool:
+        """Return the process's shared sync pool (opened on first use)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.conninfo(),
+                    min_size=1,
+                    max_size=self.settings.pool_size,
+                    kwargs={"autocommit": True},
+                    open=True,
+                    name="tidegate",
+                )
+            return self._pool
+
+    def async_pool(self, size: int | None = None) -> AsyncConnectionPool:
+        """Return a new async pool; the caller opens and closes it."""
+        return AsyncConnectionPool(
+            self.conninfo(),
+            min_size=1,
+            max_size=size or self.settings.pool_size,
+            kwargs={"autocommit": True},
+            open=False,
+            name="tidegate-async",
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None

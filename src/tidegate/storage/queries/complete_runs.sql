@@ -1,0 +1,38 @@
+-- Record the outcomes of a batch of attempts in one statement.
+--
+-- The guard (still running, same attempt, same worker) turns a late write into a
+-- no-op: a run that was rescued and claimed again, or cancelled meanwhile, keeps its
+-- newer state. A retry goes back to 'scheduled' with its delay; the stager makes it
+-- available when due. Finished fast-lane runs NOTIFY their id for a waiting caller.
+WITH outcome AS (
+    SELECT * FROM unnest(
+        %(id)s::bigint[], %(attempt)s::smallint[], %(state)s::run_state[],
+        %(result)s::text[], %(error)s::text[], %(delay_seconds)s::float8[],
+        %(max_attempts)s::smallint[]
+    ) AS o(id, attempt, state, result, error, delay_seconds, max_attempts)
+),
+done AS (
+    UPDATE runs
+    SET state = outcome.state,
+        result = outcome.result::jsonb,
+        errors = CASE WHEN outcome.error IS NULL THEN runs.errors
+                      ELSE runs.errors || jsonb_build_array(outcome.error::jsonb) END,
+        max_attempts = outcome.max_attempts,
+        scheduled_at = CASE WHEN outcome.state = 'scheduled'
+                            THEN now() + make_interval(secs => outcome.delay_seconds)
+                            ELSE runs.scheduled_at END,
+        completed_at = CASE WHEN outcome.state IN ('succeeded', 'discarded', 'cancelled')
+                            THEN now() END,
+        lease_expires_at = NULL
+    FROM outcome
+    WHERE runs.id = outcome.id
+      AND runs.attempt = outcome.attempt
+      AND runs.state = 'running'
+      AND runs.worker_id = %(worker_id)s
+    RETURNING runs.id, runs.lane, runs.state
+),
+notified AS (
+    SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
+    FROM done WHERE lane = 'fast_lane' AND state <> 'scheduled'
+)
+SELECT done.id FROM done, notified
