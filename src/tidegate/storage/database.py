@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from tidegate.settings import Settings
 from tidegate.storage.embedded import start_embedded
+from tidegate.storage.migrate import migrate
 
 
 class Database:
@@ -36,10 +37,18 @@ class Database:
         return self.settings.database_url is None
 
     def conninfo(self) -> str:
-        """Return the connection string, starting the embedded server if needed."""
+        """Return the connection string.
+
+        Without a URL, start (or join) the embedded server and bring its schema up to
+        date: tidegate owns that server. A named server is migrated by ``tidegate
+        migrate``; workers check its version at start.
+        """
         with self._lock:
             if self._url is None:
-                self._url = start_embedded(self.settings.data_dir)
+                url = start_embedded(self.settings.data_dir)
+                with psycopg.connect(url, autocommit=True) as conn:
+                    migrate(conn, self.settings.schema)  # tidegate owns this server
+                self._url = url
         return make_conninfo(
             self._url,
             options=f"-c search_path={self.settings.schema}",

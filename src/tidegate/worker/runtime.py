@@ -32,7 +32,7 @@ from tidegate.app import Tidegate
 from tidegate.lanes import WorkloopSpec, chain_admits
 from tidegate.runs import Run, run_row
 from tidegate.settings import Settings
-from tidegate.storage.migrate import check_schema, migrate
+from tidegate.storage.migrate import check_schema
 from tidegate.storage.sql import query
 from tidegate.worker.execute import execute
 from tidegate.worker.services import (
@@ -201,12 +201,10 @@ class Worker:
             raise RuntimeError(f"worker {self.id} stopped: {failed[0].get_name()} failed")
 
     async def prepare_schema(self) -> None:
-        """Migrate the embedded database (tidegate owns it); check a named one."""
+        """Refuse to start on a schema older or newer than this code."""
 
         def prepare() -> None:
             with self.app.database.connect() as conn:
-                if self.app.database.embedded:
-                    migrate(conn, self.settings.schema)
                 check_schema(conn, self.settings.schema)
 
         await asyncio.to_thread(prepare)

@@ -1,0 +1,3 @@
+from tidegate.cli import main
+
+main()

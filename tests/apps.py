@@ -1,0 +1,97 @@
+"""The tasks the tests run, in-process (``register``) or in worker processes (``app``).
+
+Handlers that need to prove what ran write a row to ``executions`` (in the test's
+schema) from inside the handler: one row per attempt, with the worker's pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from tidegate import Cancel, Retry, Tidegate, current_run
+
+EXECUTIONS = """
+CREATE TABLE IF NOT EXISTS executions (
+    run_id bigint NOT NULL,
+    attempt int NOT NULL,
+    pid int NOT NULL,
+    started_at timestamptz NOT NULL,
+    finished_at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+
+def register(app: Tidegate) -> None:
+    local = threading.local()
+
+    def connection() -> psycopg.Connection:
+        if getattr(local, "conn", None) is None:
+            local.conn = psycopg.connect(app.database.conninfo(), autocommit=True)
+        conn: psycopg.Connection = local.conn
+        return conn
+
+    def record(started: float) -> None:
+        run = current_run()
+        connection().execute(
+            "INSERT INTO executions (run_id, attempt, pid, started_at)"
+            " VALUES (%s, %s, %s, to_timestamp(%s))",
+            [run.id, run.attempt, os.getpid(), started],
+        )
+
+    @app.task(name="noop")
+    async def noop(**_: Any) -> None:
+        return None
+
+    @app.task(name="echo")
+    async def echo(**args: Any) -> dict[str, Any]:
+        return args
+
+    @app.task(name="record")
+    def record_run(**_: Any) -> None:
+        record(time.time())
+
+    @app.task(name="sleep")
+    def sleep(seconds: float, **_: Any) -> None:
+        started = time.time()
+        time.sleep(seconds)
+        record(started)
+
+    @app.task(name="async_sleep")
+    async def async_sleep(seconds: float, **_: Any) -> str:
+        await asyncio.sleep(seconds)
+        return "slept"
+
+    @app.task(name="fail", max_attempts=3)
+    async def fail(until_attempt: int = 99, **_: Any) -> str:
+        run = current_run()
+        if run.attempt < until_attempt:
+            raise ValueError(f"boom on attempt {run.attempt}")
+        return f"ok on attempt {run.attempt}"
+
+    @app.task(name="retry_once")
+    async def retry_once(**_: Any) -> str:
+        if current_run().attempt == 1:
+            raise Retry(delay_seconds=0.1)
+        return "second time"
+
+    @app.task(name="cancel_me")
+    async def cancel_me(**_: Any) -> None:
+        raise Cancel("not needed any more")
+
+    @app.task(name="slow", timeout=0.2, max_attempts=1)
+    async def slow(**_: Any) -> None:
+        await asyncio.sleep(5)
+
+    with psycopg.connect(app.database.conninfo(), autocommit=True) as conn:
+        conn.execute(EXECUTIONS)
+
+
+app = Tidegate()
+if os.environ.get("TIDEGATE_SCHEMA"):  # only in the worker processes the tests spawn
+    register(app)

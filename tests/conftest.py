@@ -1,0 +1,141 @@
+"""Fixtures: a real PostgreSQL, a fresh schema per test, workers in-process or not.
+
+The server is ``TIDEGATE_DATABASE_URL`` when set, else an embedded one started once for
+the session. Each test gets its own schema, so tests never see each other's runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tidegate import Settings, Tidegate
+from tidegate.storage.embedded import start_embedded
+from tidegate.worker.runtime import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+
+FAST = {
+    "lease_seconds": 2.0,
+    "heartbeat_seconds": 0.5,
+    "poll_seconds": 0.5,
+    "stage_seconds": 0.1,
+    "rescue_seconds": 0.2,
+    "backoff_base_seconds": 0.05,
+    "backoff_max_seconds": 0.2,
+    "shutdown_grace_seconds": 5.0,
+}
+"""Short intervals so leases lapse and retries come back within a test."""
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    url = os.environ.get("TIDEGATE_DATABASE_URL")
+    if url:
+        return url
+    return start_embedded(tmp_path_factory.mktemp("pg"))
+
+
+@pytest.fixture
+def schema(database_url: str) -> Iterator[str]:
+    name = f"test_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def settings(database_url: str, schema: str) -> Settings:
+    return Settings(database_url=database_url, schema=schema, **FAST)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def app(settings: Settings) -> Iterator[Tidegate]:
+    from tests.apps import register
+
+    application = Tidegate(settings=settings)
+    application.migrate()
+    register(application)
+    yield application
+    application.close()
+
+
+@pytest.fixture
+def sql(database_url: str, schema: str) -> Iterator[psycopg.Connection]:
+    """A plain connection on the test's schema, to look at the tables directly."""
+    with psycopg.connect(database_url, autocommit=True, options=f"-c search_path={schema}") as conn:
+        yield conn
+
+
+@contextlib.asynccontextmanager
+async def running_worker(app: Tidegate, workloops: str, **options: object) -> AsyncIterator[Worker]:
+    """Run a worker in this process for the block, then stop it gracefully."""
+    worker = Worker(app, app.settings.replace(workloops=workloops, **options))
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await asyncio.wait_for(worker.listener.listening.wait(), 10)
+        yield worker
+    finally:
+        stop.set()
+        await task
+
+
+def spawn_worker(settings: Settings, workloops: str, *extra: str) -> subprocess.Popen[bytes]:
+    """Start ``tidegate worker`` on the test app in a separate process."""
+    env = {
+        **os.environ,
+        "TIDEGATE_DATABASE_URL": settings.database_url or "",
+        "TIDEGATE_SCHEMA": settings.schema,
+        "PYTHONPATH": str(ROOT),
+    }
+    for name, value in FAST.items():
+        env[f"TIDEGATE_{name.upper()}"] = str(value)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tidegate",
+            "worker",
+            "--app",
+            "tests.apps:app",
+            "--workloops",
+            workloops,
+            *extra,
+        ],
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def stop_worker(process: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    """SIGTERM a spawned worker and wait for it to exit; return its exit code."""
+    process.send_signal(signal.SIGTERM)
+    return process.wait(timeout)
+
+
+async def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``predicate`` (sync) until true; fail the test after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(interval)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that talks to PostgreSQL, so CI can rerun them on another server."""
+    for item in items:
+        if "database_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.db)
