@@ -27,11 +27,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, overload
 
+from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate.errors import EnqueueError
 from tidegate.lanes import LANE_NAME
-from tidegate.runs import Run, run_row
+from tidegate.runs import Run, RunState, run_row
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
 from tidegate.storage.migrate import migrate
@@ -184,32 +185,42 @@ class Tidegate:
     def _enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         if not new:
             return []
-        columns = self._insert_columns(new)
-        inserted: list[Run] = yield Statement(
-            "insert_runs", {**columns, "channel": self.available_channel}, run_row
+        rows = [self._row(n) for n in new]
+        inserted = yield Statement(
+            "insert_runs",
+            {"runs": json.dumps(rows, default=_iso), "channel": self.available_channel},
+            dict_row,
         )
-        # Rows come back in id order, which is input order; a repeated idempotency key
-        # inserted nothing and is read back below.
-        inserted.sort(key=lambda run: run.id)
-        fresh_keys = {(r.project, r.idempotency_key) for r in inserted if r.idempotency_key}
-        results: list[Run | None] = []
+        # Rows come back in id order, which is input order; an input whose idempotency
+        # key is taken inserted nothing and is read back below.
+        inserted.sort(key=lambda r: r["id"])
+        fresh = {(r["project"], r["idempotency_key"]) for r in inserted if r["idempotency_key"]}
         taken = iter(inserted)
-        for project, key in zip(columns["project"], columns["idempotency_key"], strict=True):
-            duplicate = key is not None and (project, key) not in fresh_keys
-            results.append(None if duplicate else next(taken))
-            if key is not None:
-                fresh_keys.discard((project, key))  # a second use in the batch is a repeat
-        for project in {columns["project"][i] for i, run in enumerate(results) if run is None}:
+        results: list[Run | None] = []
+        for row in rows:
+            unique = (row["project"], row["idempotency_key"])
+            if row["idempotency_key"] is not None and unique not in fresh:
+                results.append(None)
+                continue
+            fresh.discard(unique)  # a second use of a key in the batch is a repeat
+            stored = next(taken)
+            results.append(_new_run(row, stored))
+        for project in {
+            row["project"] for row, run in zip(rows, results, strict=True) if run is None
+        }:
             keys = [
-                columns["idempotency_key"][i]
-                for i, run in enumerate(results)
-                if run is None and columns["project"][i] == project
+                r["idempotency_key"]
+                for r, run in zip(rows, results, strict=True)
+                if run is None and r["project"] == project
             ]
             found = yield Statement("find_runs_by_key", {"project": project, "keys": keys}, run_row)
             by_key = {run.idempotency_key: run for run in found}
-            for i, run in enumerate(results):
-                if run is None and columns["project"][i] == project:
-                    results[i] = by_key.get(columns["idempotency_key"][i])
+            results = [
+                by_key.get(row["idempotency_key"])
+                if run is None and row["project"] == project
+                else run
+                for row, run in zip(rows, results, strict=True)
+            ]
         if any(run is None for run in results):
             # The original was pruned between the insert and the read: insert again.
             missing = [n for n, run in zip(new, results, strict=True) if run is None]
@@ -217,52 +228,37 @@ class Tidegate:
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 
-    def _insert_columns(self, new: Sequence[NewRun]) -> dict[str, list[Any]]:
-        columns: dict[str, list[Any]] = {
-            name: []
-            for name in (
-                "project",
-                "lane",
-                "key",
-                "task",
-                "args",
-                "priority",
-                "max_attempts",
-                "scheduled_at",
-                "idempotency_key",
-            )
-        }
-        now = datetime.now(UTC)
-        for n in new:
-            task = n.task if isinstance(n.task, Task) else self.tasks.get(n.task)
-            name = n.task if isinstance(n.task, str) else n.task.name
-            args = {} if n.args is None else n.args
-            if not isinstance(args, dict):
-                raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
-            lane = n.lane or (task.lane if task else DEFAULT_LANE)
-            _check_lane(lane)
-            priority = n.priority if n.priority is not None else (task.priority if task else 0)
-            if not 0 <= priority <= 9:
-                raise EnqueueError(f"priority of {name!r} must be 0 (first) to 9, got {priority}")
-            key = n.key or (task.key(args) if task and task.key else n.project)
-            scheduled_at = n.run_at
-            if n.delay is not None:
-                delay = n.delay if isinstance(n.delay, timedelta) else timedelta(seconds=n.delay)
-                scheduled_at = now + delay
-            columns["project"].append(n.project)
-            columns["lane"].append(lane)
-            columns["key"].append(key)
-            columns["task"].append(name)
-            columns["args"].append(json.dumps(args))
-            columns["priority"].append(priority)
-            columns["max_attempts"].append(
+    def _row(self, n: NewRun) -> dict[str, Any]:
+        """Resolve one ``NewRun`` against its task and the defaults into a row to insert."""
+        task = n.task if isinstance(n.task, Task) else self.tasks.get(n.task)
+        name = n.task if isinstance(n.task, str) else n.task.name
+        args = {} if n.args is None else n.args
+        if not isinstance(args, dict):
+            raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
+        lane = n.lane or (task.lane if task else DEFAULT_LANE)
+        _check_lane(lane)
+        priority = n.priority if n.priority is not None else (task.priority if task else 0)
+        if not 0 <= priority <= 9:
+            raise EnqueueError(f"priority of {name!r} must be 0 (first) to 9, got {priority}")
+        scheduled_at = n.run_at
+        if n.delay is not None:
+            delay = n.delay if isinstance(n.delay, timedelta) else timedelta(seconds=n.delay)
+            scheduled_at = datetime.now(UTC) + delay
+        return {
+            "project": n.project,
+            "lane": lane,
+            "key": n.key or (task.key(args) if task and task.key else n.project),
+            "task": name,
+            "args": args,
+            "priority": priority,
+            "max_attempts": (
                 n.max_attempts
                 or (task.max_attempts if task else None)
                 or self.settings.max_attempts
-            )
-            columns["scheduled_at"].append(scheduled_at)
-            columns["idempotency_key"].append(n.idempotency_key)
-        return columns
+            ),
+            "scheduled_at": scheduled_at,
+            "idempotency_key": n.idempotency_key,
+        }
 
     # -- reading and cancelling runs ---------------------------------------------
 
@@ -330,12 +326,35 @@ class Tidegate:
             return await adrive(conn, steps)
 
 
-def _first(statement: Statement) -> Steps[Any]:
+def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
+    """Build a just-inserted run from what was sent and what the database assigned."""
+    return Run(
+        **{**row, "scheduled_at": stored["scheduled_at"]},
+        id=stored["id"],
+        state=RunState(stored["state"]),
+        inserted_at=stored["inserted_at"],
+        attempt=0,
+        attempted_at=None,
+        completed_at=None,
+        worker_id=None,
+        lease_expires_at=None,
+        result=None,
+        errors=[],
+    )
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"args must be JSON: {type(value).__name__} is not")
+
+
+def _first(statement: Statement) -> Steps[Run | None]:
     rows = yield statement
     return rows[0] if rows else None
 
 
-def _all(statement: Statement) -> Steps[Any]:
+def _all(statement: Statement) -> Steps[list[Run]]:
     return (yield statement)
 
 

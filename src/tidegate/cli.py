@@ -10,8 +10,9 @@ import importlib
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -22,8 +23,10 @@ from tidegate.settings import Settings
 from tidegate.storage.embedded import embedded_status
 from tidegate.storage.migrate import latest_version, schema_version
 
+FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 
-def _option(name: str, *decls: str, **kwargs: Any) -> Any:
+
+def _option(name: str, *decls: str, **kwargs: Any) -> Callable[[FC], FC]:
     """A click option that also reads ``TIDEGATE_<NAME>``."""
     envvar = "TIDEGATE_" + name.lstrip("-").replace("-", "_").upper()
     return click.option(name, *decls, envvar=envvar, show_envvar=True, **kwargs)
@@ -41,6 +44,7 @@ def _option(name: str, *decls: str, **kwargs: Any) -> Any:
 @click.pass_context
 def main(
     ctx: click.Context,
+    /,
     database_url: str | None,
     schema: str | None,
     data_dir: Path | None,
@@ -56,7 +60,7 @@ def main(
     ctx.obj = {"database_url": database_url, "schema": schema, "data_dir": data_dir}
 
 
-def _settings(ctx: click.Context, **options: Any) -> Settings:
+def _settings(ctx: click.Context, /, **options: Any) -> Settings:
     try:
         return Settings.from_env(**ctx.obj, **options)
     except TidegateError as error:
@@ -89,7 +93,7 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 @_option("--shutdown-grace-seconds", type=float, help="How long SIGTERM waits for runs.")
 @_option("--retention-seconds", type=float, help="How long finished runs are kept.")
 @click.pass_context
-def worker(ctx: click.Context, app_spec: str, **options: Any) -> None:
+def worker(ctx: click.Context, /, app_spec: str, **options: Any) -> None:
     """Run a worker until SIGTERM/SIGINT, then finish or hand back its runs."""
     settings = _settings(ctx, **options)
     app = _load_app(app_spec, settings)
@@ -124,7 +128,7 @@ def migrate(ctx: click.Context) -> None:
 @click.option("--idempotency-key", help="A repeat with the same key returns the first run.")
 @click.option("--max-attempts", type=click.IntRange(min=1))
 @click.pass_context
-def enqueue(ctx: click.Context, task: str, args_json: str, **options: Any) -> None:
+def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) -> None:
     """Enqueue one run of TASK and print it as JSON."""
     try:
         args = json.loads(args_json)
@@ -147,7 +151,7 @@ def enqueue(ctx: click.Context, task: str, args_json: str, **options: Any) -> No
 @click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def runs(ctx: click.Context, run_id: int | None, as_json: bool, **filters: Any) -> None:
+def runs(ctx: click.Context, /, run_id: int | None, as_json: bool, **filters: Any) -> None:
     """List the newest runs, or show the run RUN_ID in full."""
     app = Tidegate(settings=_settings(ctx))
     if run_id is not None:
@@ -202,7 +206,7 @@ def db(ctx: click.Context) -> None:
 @main.command()
 @click.option("--runs", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
 @click.pass_context
-def demo(ctx: click.Context, count: int) -> None:
+def demo(ctx: click.Context, /, count: int) -> None:
     """Enqueue runs across lanes, run a worker until they finish, show the result."""
     from tidegate.demo import run_demo
 

@@ -17,7 +17,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from psycopg import Cursor
+from psycopg._cursor_base import BaseCursor
 from psycopg.rows import RowMaker
 
 
@@ -69,21 +69,33 @@ class Run:
         }
 
 
-_RUN_FIELDS = frozenset(f.name for f in fields(Run))
+_RUN_FIELDS = tuple(f.name for f in fields(Run))
+_STATE = _RUN_FIELDS.index("state")
 
 
-def run_row(cursor: Cursor[Any]) -> RowMaker[Run]:
-    """Row factory that builds ``Run`` objects from ``SELECT *`` of ``runs``."""
-    names = [column.name for column in cursor.description or ()]
+def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
+    """Row factory that builds ``Run`` objects from ``SELECT *`` of ``runs``.
 
-    def make(values: Sequence[Any]) -> Run:
-        row = {
-            name: value for name, value in zip(names, values, strict=True) if name in _RUN_FIELDS
-        }
+    When the columns are exactly ``Run``'s fields in order (the table's own order), rows
+    are built positionally: this sits on the claim's hot path.
+    """
+    names = tuple(column.name for column in cursor.description or ())
+    if names == _RUN_FIELDS:
+
+        def make(values: Sequence[Any]) -> Run:
+            row = list(values)
+            row[_STATE] = RunState(row[_STATE])
+            return Run(*row)
+
+        return make
+    wanted = [(i, name) for i, name in enumerate(names) if name in _RUN_FIELDS]
+
+    def make_by_name(values: Sequence[Any]) -> Run:
+        row = {name: values[i] for i, name in wanted}
         row["state"] = RunState(row["state"])
         return Run(**row)
 
-    return make
+    return make_by_name
 
 
 class Retry(Exception):

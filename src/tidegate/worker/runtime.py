@@ -78,6 +78,9 @@ class Workloop(Service):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), worker.settings.poll_seconds)
             self.wake.clear()
+            # One turn of the loop lets the other handlers finishing now free their
+            # slots too, so the claim asks for them all in one statement.
+            await asyncio.sleep(0)
             while self.free > 0 and not worker.stopping:
                 demand = self.free
                 try:

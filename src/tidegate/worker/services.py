@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
@@ -120,16 +121,7 @@ class Completer(Service):
                 await self.write(batch)
 
     async def write(self, batch: Sequence[Outcome]) -> None:
-        params = {
-            **self.params,
-            "id": [o.run_id for o in batch],
-            "attempt": [o.attempt for o in batch],
-            "state": [str(o.state) for o in batch],
-            "result": [o.result for o in batch],
-            "error": [o.error for o in batch],
-            "delay_seconds": [o.delay_seconds for o in batch],
-            "max_attempts": [o.max_attempts for o in batch],
-        }
+        params = {**self.params, "outcomes": json.dumps([o.as_row() for o in batch])}
         delay = 0.05
         while True:
             try:

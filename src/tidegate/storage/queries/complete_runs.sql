@@ -4,12 +4,12 @@
 -- no-op: a run that was rescued and claimed again, or cancelled meanwhile, keeps its
 -- newer state. A retry goes back to 'scheduled' with its delay; the stager makes it
 -- available when due. Finished fast-lane runs NOTIFY their id for a waiting caller.
+-- The batch arrives as one JSON array of objects: one parameter, parsed in C.
 WITH outcome AS (
-    SELECT * FROM unnest(
-        %(id)s::bigint[], %(attempt)s::smallint[], %(state)s::run_state[],
-        %(result)s::text[], %(error)s::text[], %(delay_seconds)s::float8[],
-        %(max_attempts)s::smallint[]
-    ) AS o(id, attempt, state, result, error, delay_seconds, max_attempts)
+    SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(
+        id bigint, attempt smallint, state run_state, result text, error text,
+        delay_seconds float8, max_attempts smallint
+    )
 ),
 done AS (
     UPDATE runs
