@@ -88,9 +88,6 @@ def register(app: Tidegate) -> None:
     async def slow(**_: Any) -> None:
         await asyncio.sleep(5)
 
-    with psycopg.connect(app.database.conninfo(), autocommit=True) as conn:
-        conn.execute(EXECUTIONS)
-
 
 app = Tidegate()
 if os.environ.get("TIDEGATE_SCHEMA"):  # only in the worker processes the tests spawn

@@ -61,10 +61,12 @@ def settings(database_url: str, schema: str) -> Settings:
 
 @pytest.fixture
 def app(settings: Settings) -> Iterator[Tidegate]:
-    from tests.apps import register
+    from tests.apps import EXECUTIONS, register
 
     application = Tidegate(settings=settings)
     application.migrate()
+    with application.database.connect() as conn:
+        conn.execute(EXECUTIONS)
     register(application)
     yield application
     application.close()

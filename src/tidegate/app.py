@@ -304,6 +304,12 @@ class Tidegate:
         """Close this process's connections (the async pool closes with its loop)."""
         self.database.close()
 
+    def __enter__(self) -> Tidegate:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     async def aclose(self) -> None:
         if self._async_pool is not None:
             await self._async_pool[1].close()

@@ -20,6 +20,7 @@ from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
 from tidegate.runs import Run, RunState
 from tidegate.settings import Settings
+from tidegate.storage.database import Database
 from tidegate.storage.embedded import embedded_status
 from tidegate.storage.migrate import latest_version, schema_version
 
@@ -79,7 +80,7 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
         raise click.UsageError(f"--app {spec!r} is a {type(app).__name__}, not a Tidegate")
     # The command line's settings win over the ones the module was built with.
     app.settings = settings
-    app.database.settings = settings
+    app.database = Database(settings)
     return app
 
 
@@ -96,20 +97,19 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 def worker(ctx: click.Context, /, app_spec: str, **options: Any) -> None:
     """Run a worker until SIGTERM/SIGINT, then finish or hand back its runs."""
     settings = _settings(ctx, **options)
-    app = _load_app(app_spec, settings)
-    try:
-        app.run_worker()
-    except TidegateError as error:
-        raise click.ClickException(str(error)) from None
+    with _load_app(app_spec, settings) as app:
+        try:
+            app.run_worker()
+        except TidegateError as error:
+            raise click.ClickException(str(error)) from None
 
 
 @main.command()
 @click.pass_context
 def migrate(ctx: click.Context) -> None:
     """Apply the schema migrations this database lacks."""
-    app = Tidegate(settings=_settings(ctx))
-    applied = app.migrate()
-    with app.database.connect() as conn:
+    with Tidegate(settings=_settings(ctx)) as app, app.database.connect() as conn:
+        applied = app.migrate()
         version = schema_version(conn, app.settings.schema)
     click.echo(
         f"schema {app.settings.schema!r} at version {version}"
@@ -134,11 +134,11 @@ def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) ->
         args = json.loads(args_json)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
-    app = Tidegate(settings=_settings(ctx))
-    try:
-        run = app.enqueue_many([NewRun(task, args, **options)])[0]
-    except TidegateError as error:
-        raise click.UsageError(str(error)) from None
+    with Tidegate(settings=_settings(ctx)) as app:
+        try:
+            run = app.enqueue_many([NewRun(task, args, **options)])[0]
+        except TidegateError as error:
+            raise click.UsageError(str(error)) from None
     click.echo(json.dumps(run.to_json(), indent=2))
 
 
@@ -153,14 +153,14 @@ def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) ->
 @click.pass_context
 def runs(ctx: click.Context, /, run_id: int | None, as_json: bool, **filters: Any) -> None:
     """List the newest runs, or show the run RUN_ID in full."""
-    app = Tidegate(settings=_settings(ctx))
-    if run_id is not None:
-        run = app.get_run(run_id)
-        if run is None:
-            raise click.ClickException(f"no run {run_id}")
-        click.echo(json.dumps(run.to_json(), indent=2))
-        return
-    found = app.list_runs(**filters)
+    with Tidegate(settings=_settings(ctx)) as app:
+        if run_id is not None:
+            run = app.get_run(run_id)
+            if run is None:
+                raise click.ClickException(f"no run {run_id}")
+            click.echo(json.dumps(run.to_json(), indent=2))
+            return
+        found = app.list_runs(**filters)
     if as_json:
         click.echo(json.dumps([run.to_json() for run in found], indent=2))
     else:

@@ -43,6 +43,7 @@ def build_app(settings: Settings) -> Tidegate:
 
 def run_demo(settings: Settings, count: int) -> None:
     app = build_app(settings)
+    app.migrate()
     where = f"embedded, in {settings.data_dir}" if app.database.embedded else "the given URL"
     click.echo(f"database: {where}")
     batch = []
