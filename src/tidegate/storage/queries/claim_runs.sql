@@ -35,5 +35,6 @@ SET state = 'running',
     attempted_at = now(),
     worker_id = %(worker_id)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8)
-WHERE id IN (SELECT id FROM named UNION ALL SELECT id FROM rest)
-RETURNING *
+FROM (SELECT id FROM named UNION ALL SELECT id FROM rest) AS picked
+WHERE runs.id = picked.id
+RETURNING runs.*
