@@ -35,6 +35,7 @@ SET state = 'running',
     attempted_at = now(),
     worker_id = %(worker_id)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8)
-FROM (SELECT id FROM named UNION ALL SELECT id FROM rest) AS picked
-WHERE runs.id = picked.id
-RETURNING runs.*
+-- An array of the picked ids: the update probes runs_pkey for each, whatever the
+-- planner guesses about the CTEs' sizes (a join could turn into a scan of runs).
+WHERE id = ANY(ARRAY(SELECT id FROM named UNION ALL SELECT id FROM rest))
+RETURNING *
