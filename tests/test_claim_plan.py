@@ -36,6 +36,7 @@ def test_claim_uses_its_indexes_and_never_scans_runs(
         "lanes": lanes,
         "wildcard": wildcard,
         "worker_id": "w",
+        "workloop": 0,
         "lease_seconds": 30.0,
         "demand": 8,
     }

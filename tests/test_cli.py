@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from tidegate import Settings
 from tidegate.cli import main
+from tidegate.storage.migrate import latest_version, migrations
 
 
 @pytest.fixture
@@ -27,7 +28,8 @@ def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
 
 def test_migrate_then_enqueue_then_list_and_show(env: dict[str, str]) -> None:
     code, out = invoke(env, "migrate")
-    assert code == 0 and "at version 1 (applied 1)" in out
+    versions = ", ".join(str(m.version) for m in migrations())
+    assert code == 0 and f"at version {latest_version()} (applied {versions})" in out
     code, out = invoke(env, "migrate")
     assert code == 0 and "up to date" in out
     code, out = invoke(
@@ -80,7 +82,7 @@ def test_db_reports_server_and_schema_version(env: dict[str, str]) -> None:
     code, out = invoke(env, "db")
     assert code == 0
     info = json.loads(out)
-    assert info["schema_version"] == info["code_version"] == 1
+    assert info["schema_version"] == info["code_version"] == latest_version()
 
 
 def test_demo_works_off_every_run(env: dict[str, str]) -> None:

@@ -59,6 +59,8 @@ class Run:
     result: Any
     errors: list[dict[str, Any]]
     idempotency_key: str | None
+    workloop: int | None = None
+    """The index, in its worker's spec, of the workloop that last claimed the run."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the run as JSON-ready data (timestamps in ISO 8601)."""

@@ -62,6 +62,7 @@ class Workloop(Service):
             "lanes": list(spec.named_lanes),
             "wildcard": spec.wildcard,
             "worker_id": worker.id,
+            "workloop": index,
             "lease_seconds": worker.settings.lease_seconds,
         }
 
@@ -108,7 +109,9 @@ class Workloop(Service):
         outcome = await execute(
             run, worker.app.tasks.get(run.task), worker.executor, worker.settings
         )
-        worker.completer.add(outcome)
+        # The slot frees once the outcome is written, not before: a claim must not
+        # take more runs than the workloop has slots while outcomes wait in a batch.
+        await worker.completer.add(outcome)
         del self.running[run.id]
         self.wake.set()
 

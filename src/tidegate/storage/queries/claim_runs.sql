@@ -34,6 +34,7 @@ SET state = 'running',
     attempt = attempt + 1,
     attempted_at = now(),
     worker_id = %(worker_id)s,
+    workloop = %(workloop)s,
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8)
 -- An array of the picked ids: the update probes runs_pkey for each, whatever the
 -- planner guesses about the CTEs' sizes (a join could turn into a scan of runs).
