@@ -170,7 +170,7 @@ class Tidegate:
 
     def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Enqueue runs in one statement; return them in input order."""
-        return self._run(self._enqueue_steps(list(runs)))
+        return self.execute(self._enqueue_steps(list(runs)))
 
     async def aenqueue(
         self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
@@ -180,7 +180,7 @@ class Tidegate:
 
     async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Async form of ``enqueue_many``."""
-        return await self._arun(self._enqueue_steps(list(runs)))
+        return await self.aexecute(self._enqueue_steps(list(runs)))
 
     def _enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         if not new:
@@ -264,10 +264,10 @@ class Tidegate:
 
     def get_run(self, run_id: int) -> Run | None:
         """Return one run, or ``None``."""
-        return self._run(_first(Statement("get_run", {"id": run_id}, run_row)))
+        return self.execute(_first(Statement("get_run", {"id": run_id}, run_row)))
 
     async def aget_run(self, run_id: int) -> Run | None:
-        return await self._arun(_first(Statement("get_run", {"id": run_id}, run_row)))
+        return await self.aexecute(_first(Statement("get_run", {"id": run_id}, run_row)))
 
     def list_runs(
         self,
@@ -280,11 +280,11 @@ class Tidegate:
     ) -> list[Run]:
         """Return the newest runs matching every filter given."""
         params = {"project": project, "lane": lane, "state": state, "task": task, "limit": limit}
-        return self._run(_all(Statement("list_runs", params, run_row)))
+        return self.execute(_all(Statement("list_runs", params, run_row)))
 
     def cancel(self, run_id: int) -> Run | None:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
-        return self._run(_first(Statement("cancel_run", {"id": run_id}, run_row)))
+        return self.execute(_first(Statement("cancel_run", {"id": run_id}, run_row)))
 
     # -- schema and workers -------------------------------------------------------
 
@@ -318,11 +318,13 @@ class Tidegate:
 
     # -- drivers ------------------------------------------------------------------
 
-    def _run(self, steps: Steps[T]) -> T:
+    def execute(self, steps: Steps[T]) -> T:
+        """Run an operation's steps on a pooled connection (see ``storage.sql.Steps``)."""
         with self.database.pool().connection() as conn:
             return drive(conn, steps)
 
-    async def _arun(self, steps: Steps[T]) -> T:
+    async def aexecute(self, steps: Steps[T]) -> T:
+        """Async form of ``execute``."""
         loop = asyncio.get_running_loop()
         if self._async_pool is None or self._async_pool[0] is not loop:
             pool = self.database.async_pool()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+import psycopg
 
 from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
@@ -211,3 +212,163 @@ def demo(ctx: click.Context, /, count: int) -> None:
     from tidegate.demo import run_demo
 
     run_demo(_settings(ctx, workloops="fast_lane:1 manual>*:8"), count)
+
+
+@main.command()
+@_option("--role", type=click.Choice(["all", "api", "worker"]), default="all", show_default=True)
+@_option("--host", help="Address the HTTP API listens on.  [default: 127.0.0.1]")
+@_option("--port", type=int, help="Port of the HTTP API.  [default: 8000]")
+@_option("--api-processes", type=click.IntRange(min=1), help="HTTP API processes.  [default: 1]")
+@_option(
+    "--app",
+    "app_spec",
+    default="tidegate.builtin:app",
+    show_default=True,
+    help="The app whose tasks the worker runs, as module:attribute.",
+)
+@_option("--workloops", help="The worker's slot groups.  [default: manual>*:10]")
+@_option("--admin-token", help="The super admin's token (else generated on first start).")
+@_option(
+    "--fast-lane-cap",
+    type=click.IntRange(min=0),
+    help="In-flight fast-lane runs per project without a cap of its own.  [default: 10]",
+)
+@click.pass_context
+def serve(ctx: click.Context, /, role: str, app_spec: str, **options: Any) -> None:
+    """Run the HTTP API and a worker (embedded PostgreSQL unless a URL is given)."""
+    from tidegate.serve import serve as run_serve
+
+    settings = _settings(
+        ctx, workloops=options.pop("workloops") or "fast_lane:2 manual>*:8", **options
+    )
+    try:
+        sys.exit(run_serve(settings, role, app_spec))
+    except TidegateError as error:
+        raise click.ClickException(str(error)) from None
+
+
+@main.group()
+def projects() -> None:
+    """Create, change and list projects (tenants) and their limits."""
+
+
+def _limits(function: FC) -> FC:
+    for name, kind, text in reversed(
+        [
+            ("--fast-lane-cap", click.IntRange(min=0), "In-flight fast-lane runs."),
+            ("--concurrency", click.IntRange(min=1), "In-flight runs outside the fast lane."),
+            ("--ingest-rate", click.FloatRange(min=0, min_open=True), "Webhooks per second."),
+            ("--ingest-burst", click.IntRange(min=1), "Webhooks at once above the rate."),
+            ("--backlog-cap", click.IntRange(min=0), "Ready runs per lane."),
+        ]
+    ):
+        function = click.option(name, type=kind, help=text)(function)
+    return function
+
+
+def _admin(ctx: click.Context, steps: Any) -> Any:
+    from tidegate.projects import AdminError, NotFoundError, domain_error
+
+    with Tidegate(settings=_settings(ctx)) as app:
+        try:
+            return app.execute(steps)
+        except psycopg.errors.IntegrityError as error:
+            raise click.ClickException(str(domain_error(error))) from None
+        except (AdminError, NotFoundError) as error:
+            raise click.ClickException(str(error)) from None
+
+
+def _echo(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@projects.command("create")
+@click.argument("project_id")
+@_limits
+@click.pass_context
+def projects_create(ctx: click.Context, /, project_id: str, **limits: Any) -> None:
+    """Create PROJECT_ID; prints its API token, shown only this once."""
+    from tidegate.projects import create_project
+
+    given = {name: value for name, value in limits.items() if value is not None}
+    _echo(_admin(ctx, create_project(project_id, **given)))
+
+
+@projects.command("update")
+@click.argument("project_id")
+@_limits
+@click.option("--clear", multiple=True, help="A limit to remove, e.g. --clear ingest_rate.")
+@click.pass_context
+def projects_update(
+    ctx: click.Context, /, project_id: str, clear: tuple[str, ...], **limits: Any
+) -> None:
+    """Change limits of PROJECT_ID; the next request sees them."""
+    from tidegate.projects import update_project
+
+    changes = {name: value for name, value in limits.items() if value is not None}
+    changes.update({name.replace("-", "_"): None for name in clear})
+    _echo(_admin(ctx, update_project(project_id, **changes)))
+
+
+@projects.command("list")
+@click.pass_context
+def projects_list(ctx: click.Context, /) -> None:
+    """List projects and their limits."""
+    from tidegate.projects import list_projects
+
+    _echo(_admin(ctx, list_projects()))
+
+
+@main.group()
+def triggers() -> None:
+    """Create, change and list the webhook triggers of projects."""
+
+
+@triggers.command("create")
+@click.argument("project_id")
+@click.argument("name")
+@click.option("--mode", type=click.Choice(["async", "sync"]), required=True)
+@click.option("--task", required=True, help="The task each webhook runs.")
+@click.option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
+@click.option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
+@click.option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
+@click.pass_context
+def triggers_create(
+    ctx: click.Context, /, project_id: str, name: str, mode: str, task: str, **options: Any
+) -> None:
+    """Create trigger NAME of PROJECT_ID; prints its URL path."""
+    from tidegate.projects import create_trigger
+
+    given = {k: v for k, v in options.items() if v is not None}
+    created = _admin(ctx, create_trigger(project_id, name, mode=mode, task=task, **given))
+    _echo({**created, "url": f"/hooks/{created['token']}"})
+
+
+@triggers.command("update")
+@click.argument("trigger_id", type=int)
+@click.option("--mode", type=click.Choice(["async", "sync"]))
+@click.option("--task")
+@click.option("--secret")
+@click.option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
+@click.option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
+@click.option("--enabled/--disabled", default=None)
+@click.pass_context
+def triggers_update(ctx: click.Context, /, trigger_id: int, **changes: Any) -> None:
+    """Change trigger TRIGGER_ID."""
+    from tidegate.projects import update_trigger
+
+    _echo(
+        _admin(
+            ctx, update_trigger(trigger_id, **{k: v for k, v in changes.items() if v is not None})
+        )
+    )
+
+
+@triggers.command("list")
+@click.argument("project_id", required=False)
+@click.pass_context
+def triggers_list(ctx: click.Context, /, project_id: str | None) -> None:
+    """List triggers (of PROJECT_ID, or of every project)."""
+    from tidegate.projects import list_triggers
+
+    _echo(_admin(ctx, list_triggers(project_id)))

@@ -34,6 +34,11 @@ DEFAULT_MAX_ATTEMPTS = 20
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_MAX_SECONDS = 3600.0
 DEFAULT_POOL_SIZE = 8
+DEFAULT_FAST_LANE_CAP = 10
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_API_PROCESSES = 1
 
 ENV_PREFIX = "TIDEGATE_"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -61,6 +66,15 @@ class Settings:
     backoff_base_seconds: float = DEFAULT_BACKOFF_BASE_SECONDS
     backoff_max_seconds: float = DEFAULT_BACKOFF_MAX_SECONDS
     pool_size: int = DEFAULT_POOL_SIZE
+    admin_token: str | None = None
+    """The super admin's token; ``None``: generated on first start, printed once."""
+    fast_lane_cap: int = DEFAULT_FAST_LANE_CAP
+    """In-flight fast-lane runs per project, for projects that set no cap of their own."""
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    """The server's limit on a webhook body, whatever a trigger allows."""
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    api_processes: int = DEFAULT_API_PROCESSES
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -72,7 +86,7 @@ class Settings:
             value = getattr(self, f.name)
             if not value > 0:
                 raise ConfigError(f"{f.name} must be > 0 seconds, got {value!r}")
-        for name in ("prune_batch", "max_attempts", "pool_size"):
+        for name in ("prune_batch", "max_attempts", "pool_size", "max_body_bytes", "api_processes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.heartbeat_seconds >= self.lease_seconds:

@@ -43,17 +43,21 @@ class Database:
         date: tidegate owns that server. A named server is migrated by ``tidegate
         migrate``; workers check its version at start.
         """
+        return make_conninfo(
+            self.url(),
+            options=f"-c search_path={self.settings.schema}",
+            application_name="tidegate",
+        )
+
+    def url(self) -> str:
+        """Return the server's URL, starting (and migrating) the embedded one if needed."""
         with self._lock:
             if self._url is None:
                 url = start_embedded(self.settings.data_dir)
                 with psycopg.connect(url, autocommit=True) as conn:
                     migrate(conn, self.settings.schema)  # tidegate owns this server
                 self._url = url
-        return make_conninfo(
-            self._url,
-            options=f"-c search_path={self.settings.schema}",
-            application_name="tidegate",
-        )
+            return self._url
 
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection:
         return psycopg.connect(self.conninfo(), autocommit=autocommit)

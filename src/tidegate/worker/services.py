@@ -88,7 +88,9 @@ class Completer(Service):
     There is no timer: an idle worker writes each outcome at once, a busy one writes
     larger batches. Fast-lane outcomes skip the queue (a caller is waiting). A write that
     fails on a database error is retried; the outcomes stay in ``pending`` (and their
-    leases renewed) until they are written.
+    leases renewed) until they are written. ``add`` returns a future that resolves once
+    the outcome is written: a slot stays taken until then, so the database never shows
+    a workloop running more runs than it has slots, and a slow database slows claiming.
     """
 
     name = "completer"
@@ -98,12 +100,13 @@ class Completer(Service):
         self.pool = pool
         self.params = params
         self.queue: list[Outcome] = []
-        self.pending: dict[int, Outcome] = {}
+        self.pending: dict[int, asyncio.Future[None]] = {}
+        """Outcomes not written yet, by run id: each future resolves once it is."""
         self.ready = asyncio.Event()
         self.urgent: set[asyncio.Task[None]] = set()
 
-    def add(self, outcome: Outcome) -> None:
-        self.pending[outcome.run_id] = outcome
+    def add(self, outcome: Outcome) -> asyncio.Future[None]:
+        written = self.pending[outcome.run_id] = asyncio.get_running_loop().create_future()
         if outcome.lane == "fast_lane":
             task = asyncio.create_task(self.write([outcome]), name="tidegate.complete-fast")
             self.urgent.add(task)
@@ -111,6 +114,7 @@ class Completer(Service):
         else:
             self.queue.append(outcome)
             self.ready.set()
+        return written
 
     async def run(self) -> None:
         while True:
@@ -132,7 +136,9 @@ class Completer(Service):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
         for outcome in batch:
-            self.pending.pop(outcome.run_id, None)
+            written = self.pending.pop(outcome.run_id, None)
+            if written is not None and not written.done():
+                written.set_result(None)
 
     async def drain(self) -> None:
         """Write everything queued, then stop."""
@@ -158,11 +164,14 @@ class Listener(Service):
         connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
         channels: Iterable[str],
         wake: Callable[[str, str], None],
+        on_listen: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
         self.connect = connect
         self.channels = list(channels)
         self.wake = wake
+        self.on_listen = on_listen
+        """Called each time LISTEN (re)starts: notifications in a gap are lost."""
         self.listening = asyncio.Event()
 
     async def run(self) -> None:
@@ -173,6 +182,8 @@ class Listener(Service):
                     for channel in self.channels:
                         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.listening.set()
+                    if self.on_listen is not None:
+                        self.on_listen()
                     delay = 0.1
                     async for notify in conn.notifies():
                         self.wake(notify.channel, notify.payload)

@@ -59,6 +59,9 @@ CREATE UNIQUE INDEX requests_idempotency ON requests (project, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 CREATE INDEX requests_received ON requests (received_at);
 
+-- A project token authenticates calls to the runs API for that project only.
+CREATE UNIQUE INDEX projects_token ON projects (token_hash);
+
 -- The fast-lane cap: a project's in-flight fast-lane runs, counted up to the cap.
 CREATE INDEX runs_fast_lane_inflight ON runs (project)
     WHERE lane = 'fast_lane' AND state IN ('scheduled', 'available', 'running');
@@ -70,8 +73,10 @@ CREATE INDEX runs_fast_lane_finished ON runs (project, completed_at)
 -- The backlog cap: a project's ready runs in a lane, counted up to the cap.
 CREATE INDEX runs_backlog ON runs (project, lane) WHERE state IN ('scheduled', 'available');
 
+-- The super admin's token (its sha256), when it was generated rather than configured.
 CREATE TABLE admin_tokens (
-    token_hash text        PRIMARY KEY,   -- sha256 of the super admin's token
+    singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
+    token_hash text        NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
 

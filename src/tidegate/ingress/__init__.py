@@ -1,0 +1,1 @@
+"""HTTP ingress: webhooks in, admission control, sync replies, the runs and admin APIs."""

@@ -1,0 +1,318 @@
+"""``POST /hooks/{token}``: validate, admit, persist, acknowledge (or wait and reply).
+
+Validation comes before anything is stored, cheapest first: unknown or disabled trigger
+404, body too large 413 (on ``Content-Length`` and again while reading, so a client
+that lies cannot push more), unsupported content type 415, malformed JSON 400, bad
+Standard Webhooks signature 401. Then one database call admits or rejects
+(``admit_webhook``): 429 for the project's ingest rate or fast-lane cap, 503 when no
+worker can take a fast-lane run or the backlog is full. An admitted async webhook is
+answered 202 once its request and run are committed; a sync one waits for its run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from psycopg.rows import dict_row
+
+from tidegate.ingress.server import Ingress, problem
+from tidegate.ingress.signatures import SignatureError, verify
+from tidegate.lanes import FAST_LANE
+from tidegate.runs import Run, RunState, run_row
+from tidegate.storage.sql import Statement, Steps
+
+router = APIRouter(tags=["webhooks"])
+
+RETRY_AFTER_MIN_SECONDS = 1
+RETRY_AFTER_MAX_SECONDS = 60
+MAX_IDEMPOTENCY_KEY_CHARS = 255
+KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
+REPLY_KEY = "$reply"
+"""A handler's result shaped ``{"$reply": {"status", "headers", "body"}}`` is its HTTP reply."""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    id: int
+    project: str
+    name: str
+    mode: str
+    task: str
+    secret: str | None
+    max_body_bytes: int
+    sync_timeout_seconds: float
+    enabled: bool
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+@router.post(
+    "/hooks/{token}",
+    status_code=202,
+    responses={
+        200: {"description": "sync trigger: the run's result"},
+        202: {"description": "accepted: durable, will run (or still running, for sync)"},
+        400: {"description": "malformed JSON"},
+        401: {"description": "bad or missing signature"},
+        404: {"description": "unknown or disabled trigger"},
+        413: {"description": "body too large"},
+        415: {"description": "unsupported content type"},
+        429: {"description": "the project's ingest rate or fast-lane cap"},
+        503: {"description": "no capacity, backlog full, or database unavailable"},
+    },
+)
+async def receive(token: str, request: Request) -> Response:
+    """Receive one webhook."""
+    ingress: Ingress = request.app.state.ingress
+    found = await ingress.run(_find_trigger(token))
+    if found is None or not found.enabled:
+        return problem(404, "unknown trigger")
+    trigger: Trigger = found
+    limit = min(trigger.max_body_bytes, ingress.settings.max_body_bytes)
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            return problem(400, "Content-Length is not a number")
+        if int(declared) > limit:
+            return problem(413, f"body over {limit} bytes", max_bytes=limit)
+    try:
+        body = await _read_body(request, limit)
+    except BodyTooLarge:
+        return problem(413, f"body over {limit} bytes", max_bytes=limit)
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if not (
+        media_type == "application/json"
+        or (media_type.startswith("application/") and media_type.endswith("+json"))
+    ):
+        return problem(
+            415,
+            f"content type {media_type or '(none)'!r} is not JSON",
+            accepts=["application/json"],
+        )
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        return problem(400, f"malformed JSON: {error}")
+    if trigger.secret:
+        try:
+            verify(trigger.secret, request.headers, body)
+        except SignatureError as error:
+            return problem(401, f"bad signature: {error}")
+    idempotency_key = request.headers.get("idempotency-key") or request.headers.get("webhook-id")
+    if idempotency_key is not None and len(idempotency_key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        return problem(400, f"idempotency key over {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+
+    headers = {k: v for k, v in request.headers.items() if k not in KEPT_HEADERS_EXCLUDED}
+    lane = FAST_LANE if trigger.mode == "sync" else "default"
+    decision = await ingress.run(
+        _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
+    )
+    return await _answer(ingress, trigger, decision)
+
+
+async def _answer(ingress: Ingress, trigger: Trigger, decision: dict[str, Any]) -> Response:
+    verdict = decision["decision"]
+    limits = _rate_limit_headers(decision)
+    if verdict == "rate_limited":
+        wait = _retry_after(decision["retry_after"])
+        return problem(
+            429,
+            "the project's ingest rate is exceeded",
+            {**_ingest_headers(decision, 0, wait), "Retry-After": str(wait)},
+        )
+    if verdict == "over_cap":
+        wait = _retry_after(decision["retry_after"])
+        return problem(
+            429,
+            "the project's fast-lane cap is reached",
+            {**_fast_lane_headers(decision, 0, wait), "Retry-After": str(wait)},
+            cap=decision["fast_lane_cap"],
+        )
+    if verdict == "no_capacity":
+        return problem(
+            503,
+            "no worker has a free fast-lane slot",
+            {"Retry-After": str(RETRY_AFTER_MIN_SECONDS)},
+        )
+    if verdict == "backlog_full":
+        return problem(
+            503,
+            "the project's backlog is full",
+            {"Retry-After": str(_retry_after(None, default=5))},
+        )
+    run_id = decision["run_id"]
+    if verdict == "replayed":
+        limits = {"Idempotent-Replayed": "true"}
+    location = {"Location": f"/runs/{run_id}"}
+    if trigger.mode == "async":
+        return JSONResponse(
+            {
+                "run_id": run_id,
+                "request_id": decision["request_id"],
+                "status_url": f"/runs/{run_id}",
+            },
+            status_code=202,
+            headers={**limits, **location},
+        )
+    run = await _wait_for(
+        ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"
+    )
+    if run is None or not run.state.finished:
+        return JSONResponse(
+            {
+                "run_id": run_id,
+                "state": run.state if run else None,
+                "status_url": f"/runs/{run_id}",
+            },
+            status_code=202,
+            headers={**limits, **location},
+        )
+    return _reply(run, {**limits, **location})
+
+
+async def _wait_for(
+    ingress: Ingress, run_id: int, timeout: float, *, look_first: bool
+) -> Run | None:
+    """Wait (LISTEN, never polling) until the run finishes or ``timeout`` passes."""
+    loop_time = asyncio.get_running_loop().time
+    deadline = loop_time() + timeout
+    run = await ingress.run(_get_run(run_id)) if look_first else None
+    while run is None or not run.state.finished:
+        remaining = deadline - loop_time()
+        if remaining <= 0:
+            break
+        await ingress.completions.wait(run_id, remaining)
+        run = await ingress.run(_get_run(run_id))
+    return run
+
+
+def _reply(run: Run, headers: dict[str, str]) -> Response:
+    if run.state is not RunState.SUCCEEDED:
+        last = run.errors[-1]["error"] if run.errors else None
+        return problem(
+            502, f"the run ended {run.state}", headers, run_id=run.id, state=run.state, error=last
+        )
+    result = run.result
+    if isinstance(result, dict) and isinstance(result.get(REPLY_KEY), dict):
+        reply = result[REPLY_KEY]
+        body = reply.get("body")
+        content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        media = "text/plain" if isinstance(body, str) else "application/json"
+        return Response(
+            content,
+            status_code=int(reply.get("status", 200)),
+            headers={
+                **headers,
+                **{str(k): str(v) for k, v in (reply.get("headers") or {}).items()},
+            },
+            media_type=media,
+        )
+    return JSONResponse(result, status_code=200, headers=headers)
+
+
+def _retry_after(seconds: float | None, default: int = RETRY_AFTER_MIN_SECONDS) -> int:
+    """Whole seconds, clamped to a sane range; ``default`` when nothing is known."""
+    if seconds is None:
+        return default
+    return max(RETRY_AFTER_MIN_SECONDS, min(RETRY_AFTER_MAX_SECONDS, math.ceil(seconds)))
+
+
+def _fast_lane_headers(decision: Mapping[str, Any], remaining: int, reset: int) -> dict[str, str]:
+    cap = decision["fast_lane_cap"]
+    return {
+        "RateLimit-Policy": f'"fast_lane";q={cap};qu="concurrent-requests"',
+        "RateLimit": f'"fast_lane";r={remaining};t={reset}',
+        "RateLimit-Limit": str(cap),
+        "RateLimit-Remaining": str(remaining),
+        "RateLimit-Reset": str(reset),
+    }
+
+
+def _ingest_headers(decision: Mapping[str, Any], remaining: int, reset: int) -> dict[str, str]:
+    burst = decision["ingest_burst"]
+    return {
+        "RateLimit-Policy": f'"ingest";q={burst};qu="requests"',
+        "RateLimit": f'"ingest";r={remaining};t={reset}',
+        "RateLimit-Limit": str(burst),
+        "RateLimit-Remaining": str(remaining),
+        "RateLimit-Reset": str(reset),
+    }
+
+
+def _rate_limit_headers(decision: Mapping[str, Any]) -> dict[str, str]:
+    """The rate-limit fields of an admitted request: the fast lane's when it has one."""
+    if decision["fast_lane_cap"] is not None:
+        remaining = decision["fast_lane_remaining"]
+        return _fast_lane_headers(
+            decision, remaining, 0 if remaining > 0 else RETRY_AFTER_MIN_SECONDS
+        )
+    if decision["ingest_remaining"] is not None:
+        remaining = decision["ingest_remaining"]
+        return _ingest_headers(decision, remaining, 0 if remaining > 0 else RETRY_AFTER_MIN_SECONDS)
+    return {}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _find_trigger(token: str) -> Steps[Trigger | None]:
+    rows = yield Statement("find_trigger", {"token": token}, dict_row)
+    return Trigger(**rows[0]) if rows else None
+
+
+def _get_run(run_id: int) -> Steps[Run | None]:
+    rows = yield Statement("get_run", {"id": run_id}, run_row)
+    return rows[0] if rows else None
+
+
+def _admit(
+    ingress: Ingress,
+    trigger: Trigger,
+    lane: str,
+    payload: Any,
+    body: bytes,
+    headers: dict[str, str],
+    content_type: str,
+    idempotency_key: str | None,
+) -> Steps[dict[str, Any]]:
+    settings = ingress.settings
+    rows = yield Statement(
+        "admit_webhook",
+        {
+            "trigger_id": trigger.id,
+            "project": trigger.project,
+            "lane": lane,
+            "task": trigger.task,
+            "args": json.dumps({"body": payload, "headers": headers, "trigger": trigger.name}),
+            # A sync caller is waiting: it gets the first attempt's outcome, and retries
+            # are its own to make. Async runs retry with backoff.
+            "max_attempts": 1 if lane == FAST_LANE else settings.max_attempts,
+            "idempotency_key": idempotency_key,
+            "content_type": content_type,
+            "headers": json.dumps(headers),
+            "body": body,
+            "default_fast_lane_cap": settings.fast_lane_cap,
+            "live_seconds": 3 * settings.heartbeat_seconds,
+            "channel": ingress.app.available_channel,
+        },
+        dict_row,
+    )
+    return dict(rows[0])

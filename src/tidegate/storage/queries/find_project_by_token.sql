@@ -1,0 +1,1 @@
+SELECT id FROM projects WHERE token_hash = %(token_hash)s

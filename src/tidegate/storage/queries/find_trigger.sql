@@ -1,0 +1,3 @@
+-- The trigger a webhook names by its token (triggers_token_key).
+SELECT id, project, name, mode, task, secret, max_body_bytes, sync_timeout_seconds, enabled
+FROM triggers WHERE token = %(token)s

@@ -1,0 +1,1 @@
+SELECT * FROM runs WHERE id = ANY(%(ids)s::bigint[])
