@@ -40,6 +40,10 @@ def serve(settings: Settings, role: str, app_spec: str) -> int:
         signal.signal(signal.SIGINT, lambda *_: worker.send_signal(signal.SIGTERM))
         return worker.wait()
     os.environ.update(env)  # the API processes build their settings from it
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these
+    # handlers in place the re-raise returns here, and the worker is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     try:
         uvicorn.run(
             "tidegate.ingress.server:create_server",
