@@ -1,5 +1,6 @@
 -- Delete a small batch of runs finished longer ago than the retention period
--- (runs_finished), and the rows of workers silent for much longer than a lease.
+-- (runs_finished), the webhook requests received as long ago (requests_received), and
+-- the rows of workers silent for much longer than a lease.
 -- One process at a time: whoever takes the transaction-scoped advisory lock prunes,
 -- the others find it taken and skip this round.
 WITH leader AS (
@@ -17,10 +18,23 @@ old AS (
 pruned AS (
     DELETE FROM runs USING old WHERE runs.id = old.id RETURNING runs.id
 ),
+old_requests AS (
+    SELECT id FROM requests
+    WHERE (SELECT leads FROM leader)
+      AND received_at < now() - make_interval(secs => %(retention_seconds)s::float8)
+    ORDER BY received_at
+    LIMIT %(batch)s
+    FOR UPDATE SKIP LOCKED
+),
+pruned_requests AS (
+    DELETE FROM requests USING old_requests WHERE requests.id = old_requests.id
+    RETURNING requests.id
+),
 gone AS (
     DELETE FROM workers
     WHERE (SELECT leads FROM leader)
       AND heartbeat_at < now() - make_interval(secs => 10 * %(lease_seconds)s::float8)
     RETURNING id
 )
-SELECT (SELECT count(*) FROM pruned) AS runs, (SELECT count(*) FROM gone) AS workers
+SELECT greatest((SELECT count(*) FROM pruned), (SELECT count(*) FROM pruned_requests)) AS batch,
+       (SELECT count(*) FROM gone) AS workers
