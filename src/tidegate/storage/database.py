@@ -36,18 +36,17 @@ class Database:
         """Tell whether tidegate runs its own server (no URL was configured)."""
         return self.settings.database_url is None
 
-    def conninfo(self) -> str:
+    def conninfo(self, *, synchronous_commit: bool = True) -> str:
         """Return the connection string.
 
         Without a URL, start (or join) the embedded server and bring its schema up to
         date: tidegate owns that server. A named server is migrated by ``tidegate
         migrate``; workers check its version at start.
         """
-        return make_conninfo(
-            self.url(),
-            options=f"-c search_path={self.settings.schema}",
-            application_name="tidegate",
-        )
+        options = f"-c search_path={self.settings.schema}"
+        if not synchronous_commit:
+            options += " -c synchronous_commit=off"
+        return make_conninfo(self.url(), options=options, application_name="tidegate")
 
     def url(self) -> str:
         """Return the server's URL, starting (and migrating) the embedded one if needed."""
@@ -79,10 +78,20 @@ class Database:
                 )
             return self._pool
 
-    def async_pool(self, size: int | None = None) -> AsyncConnectionPool:
-        """Return a new async pool; the caller opens and closes it."""
+    def async_pool(
+        self, size: int | None = None, *, synchronous_commit: bool = True
+    ) -> AsyncConnectionPool:
+        """Return a new async pool; the caller opens and closes it.
+
+        ``synchronous_commit=False`` is for the worker: its claims and completions need
+        not wait for the WAL flush. A database crash can lose the last fraction of a
+        second of them, which undoes nothing that is promised: a lost claim leaves the
+        run available, a lost completion leaves it running until its lease is rescued,
+        and either way it runs again (at-least-once). Enqueues and webhook admissions
+        keep synchronous commit: nothing is acknowledged before it is durable.
+        """
         return AsyncConnectionPool(
-            self.conninfo(),
+            self.conninfo(synchronous_commit=synchronous_commit),
             min_size=1,
             max_size=size or self.settings.pool_size,
             kwargs={"autocommit": True},

@@ -129,7 +129,9 @@ class Worker:
         ]
         slots = sum(spec.slots for spec in self.settings.parsed_workloops)
         self.executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="tidegate-run")
-        self.pool: AsyncConnectionPool = app.database.async_pool(size=len(self.workloops) + 5)
+        self.pool: AsyncConnectionPool = app.database.async_pool(
+            size=len(self.workloops) + 5, synchronous_commit=False
+        )
         self.completer = Completer(
             self.pool,
             {"worker_id": self.id, "completed_channel": app.completed_channel},
