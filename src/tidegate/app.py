@@ -284,7 +284,8 @@ class Tidegate:
 
     def cancel(self, run_id: int) -> Run | None:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
-        return self.execute(_first(Statement("cancel_run", {"id": run_id}, run_row)))
+        params = {"id": run_id, "completed_channel": self.completed_channel}
+        return self.execute(_first(Statement("cancel_run", params, run_row)))
 
     # -- schema and workers -------------------------------------------------------
 
@@ -348,6 +349,8 @@ def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
         lease_expires_at=None,
         result=None,
         errors=[],
+        vtime=stored["vtime"],
+        rank=stored["vtime"] + 64 * row["priority"],
     )
 
 

@@ -61,6 +61,10 @@ class Run:
     idempotency_key: str | None
     workloop: int | None = None
     """The index, in its worker's spec, of the workloop that last claimed the run."""
+    vtime: float = 0.0
+    """Where the run stands on its key's fair clock (see migration 0003)."""
+    rank: float = 0.0
+    """The claim order within a lane: ``vtime + priority * 64``."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the run as JSON-ready data (timestamps in ISO 8601)."""

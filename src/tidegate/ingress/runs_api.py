@@ -98,7 +98,8 @@ async def cancel_run(run_id: int, request: Request, caller: Authorized) -> dict[
     """Cancel a run that has not finished (a running attempt is not interrupted)."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
-    cancelled = await ingress.run(_runs("cancel_run", {"id": run_id}))
+    params = {"id": run_id, "completed_channel": ingress.app.completed_channel}
+    cancelled = await ingress.run(_runs("cancel_run", params))
     if not cancelled:
         raise HTTPException(409, f"run {run_id} has finished already")
     return cancelled[0].to_json()

@@ -46,6 +46,9 @@ from tidegate.worker.services import (
 
 log = logging.getLogger("tidegate.worker")
 
+CLAIM_SCAN_LIMIT = 500
+"""Candidates a claim looks at, at most, past runs of keys at their limits."""
+
 
 class Workloop(Service):
     """One group of slots claiming along its lane chain."""
@@ -64,6 +67,7 @@ class Workloop(Service):
             "worker_id": worker.id,
             "workloop": index,
             "lease_seconds": worker.settings.lease_seconds,
+            "scan_limit": CLAIM_SCAN_LIMIT,
         }
 
     @property

@@ -3,30 +3,42 @@
 -- The batch arrives as one JSON array (one parameter, parsed by the server in C): far
 -- cheaper on the client than nine arrays of 10,000 values. ORDER BY ord hands out ids
 -- in input order, so the caller can match the returned rows to its input.
+-- clock: each (lane, key) of the batch starts at key_clock (after the key's newest ready
+-- run, never before the lane's floor; two index probes) and its runs take consecutive
+-- steps of 1/weight: a batch of one key spreads over virtual time, it does not jump
+-- the line. Delayed runs are stamped again when they come due (stage_runs).
 -- ON CONFLICT: a repeated idempotency key inserts nothing; the caller reads the
 -- original run with find_runs_by_key. The unique index waits for a concurrent insert
 -- of the same key to commit or abort, so exactly one of two duplicates inserts.
 -- notified: one NOTIFY per lane (PostgreSQL folds identical payloads in a transaction);
 -- it is only a hint, workers also poll.
-WITH inserted AS (
-    INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, state)
-    SELECT i.project, i.lane, i.key, i.task, i.args, i.priority, i.max_attempts,
-           coalesce(i.scheduled_at, now()), i.idempotency_key,
-           CASE WHEN i.scheduled_at > now() THEN 'scheduled' ELSE 'available' END::run_state
-    FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
+WITH batch AS (
+    SELECT * FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
         project text, lane text, key text, task text, args jsonb, priority smallint,
         max_attempts smallint, scheduled_at timestamptz, idempotency_key text
     )) WITH ORDINALITY AS i(project, lane, key, task, args, priority, max_attempts,
                             scheduled_at, idempotency_key, ord)
-    ORDER BY i.ord
+),
+clock AS MATERIALIZED (  -- once per key, not per run
+    SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight
+    FROM (SELECT DISTINCT lane, key FROM batch) AS keys
+),
+inserted AS (
+    INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
+                      scheduled_at, idempotency_key, state, vtime)
+    SELECT b.project, b.lane, b.key, b.task, b.args, b.priority, b.max_attempts,
+           coalesce(b.scheduled_at, now()), b.idempotency_key,
+           CASE WHEN b.scheduled_at > now() THEN 'scheduled' ELSE 'available' END::run_state,
+           c.start + row_number() OVER (PARTITION BY b.lane, b.key ORDER BY b.ord) / c.weight
+    FROM batch b JOIN clock c ON c.lane = b.lane AND c.key = b.key
+    ORDER BY b.ord
     ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key
+    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
 ),
 notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM (SELECT DISTINCT lane FROM inserted WHERE state = 'available') AS ready
 )
 SELECT inserted.id, inserted.state, inserted.scheduled_at, inserted.inserted_at,
-       inserted.project, inserted.idempotency_key
+       inserted.project, inserted.idempotency_key, inserted.vtime
 FROM inserted, notified

@@ -1,0 +1,222 @@
+-- Per-key concurrency limits, rates and weighted fairness, enforced at claim time.
+--
+-- Fairness is a virtual clock per key (start-time fair queuing). A run is stamped at
+-- enqueue (and again when a delayed or retried run comes due) with
+--     vtime = max(vtime of its key's newest ready run, the lane's floor) + n / weight
+-- where the floor is the claim order's head: the smallest rank still ready. Claims take
+-- runs in (rank, id) order, rank = vtime + priority * 64. A hot key's backlog spreads far
+-- into the virtual future; a cold key's next run lands at the floor, next in line. A key
+-- that was idle starts from the floor again, so it cannot bank credit. Priority is an
+-- offset on the same clock: the floor passes a low-priority run in time, so nothing
+-- waits forever. Enqueue writes no shared row: both inputs are index probes.
+
+CREATE TABLE key_policies (
+    lane        text    NOT NULL,
+    key         text    NOT NULL,   -- a key; '*': every key of the lane without its own row
+    max_running integer,            -- runs of the key in flight in the lane; NULL: no limit
+    weight      float8  NOT NULL DEFAULT 1,
+    rate        float8,             -- runs started per second; NULL: no limit
+    rate_burst  integer NOT NULL DEFAULT 1,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (lane, key),
+    CONSTRAINT key_policies_max_running_range CHECK (max_running >= 0),
+    CONSTRAINT key_policies_weight_range CHECK (weight > 0),
+    CONSTRAINT key_policies_rate_range CHECK (rate > 0),
+    CONSTRAINT key_policies_rate_burst_range CHECK (rate_burst >= 1)
+);
+
+-- Each key's rate state (GCRA: the theoretical arrival time of its next start).
+CREATE TABLE key_rates (
+    lane text        NOT NULL,
+    key  text        NOT NULL,
+    tat  timestamptz NOT NULL,
+    PRIMARY KEY (lane, key)
+);
+
+ALTER TABLE runs ADD COLUMN vtime float8 NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN rank float8 GENERATED ALWAYS AS (vtime + priority * 64) STORED;
+
+DROP INDEX runs_claim_lane;
+DROP INDEX runs_claim_any;
+
+-- The claim of a named lane, and the lane's floor (its first entry).
+CREATE INDEX runs_claim_lane ON runs (lane, rank, id) WHERE state = 'available';
+
+-- The claim of `*`: every lane not named before it.
+CREATE INDEX runs_claim_any ON runs (rank, id) WHERE state = 'available';
+
+-- A key's newest ready run: where its next run's virtual time starts.
+CREATE INDEX runs_key_ready ON runs (lane, key, vtime) WHERE state = 'available';
+
+-- A key's (and a project's) runs in flight: the ground truth of max_running and of
+-- project concurrency, counted under an advisory lock, never kept in a counter.
+CREATE INDEX runs_key_running ON runs (lane, key) WHERE state = 'running';
+CREATE INDEX runs_project_running ON runs (project) WHERE state = 'running';
+
+-- The weight of a key in a lane: its own policy, else the lane's default, else 1.
+CREATE FUNCTION key_weight(p_lane text, p_key text) RETURNS float8
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(
+        (SELECT weight FROM key_policies WHERE lane = p_lane AND key = p_key),
+        (SELECT weight FROM key_policies WHERE lane = p_lane AND key = '*'),
+        1.0
+    )
+$$;
+
+-- Where a key's next run goes on the lane's clock: after the key's newest ready run,
+-- and never before the lane's floor (runs_key_ready, runs_claim_lane).
+CREATE FUNCTION key_clock(p_lane text, p_key text) RETURNS float8
+LANGUAGE sql STABLE AS $$
+    SELECT greatest(
+        (SELECT vtime FROM runs
+         WHERE lane = p_lane AND key = p_key AND state = 'available'
+         ORDER BY vtime DESC LIMIT 1),
+        (SELECT rank FROM runs
+         WHERE lane = p_lane AND state = 'available'
+         ORDER BY rank, id LIMIT 1),
+        0
+    )
+$$;
+
+-- Claim up to p_demand runs for one workloop, following its lane chain, with every
+-- key's limits enforced in the same transaction.
+--
+-- Sources in chain order: each named lane, then (with `*`) every other lane; each is
+-- one ordered scan of its index, locking rows as it reads them (SKIP LOCKED: claimers
+-- pass each other). A candidate is taken unless its key is gated:
+--   max_running  the key's runs in flight in the lane, counted from the runs table
+--                under a transaction-scoped advisory lock on (lane, key). Each count is
+--                its own statement, so it sees every claim committed before the lock
+--                was taken: exact across any number of workers. A key whose lock another
+--                claimer holds is skipped this time, like a locked row.
+--   concurrency  the same for the run's project across every lane but fast_lane.
+--   rate         the key's GCRA state in key_rates, advanced only for runs taken.
+-- fast_lane runs are exempt (their bound is admission's per-project cap).
+-- The scan stops after p_scan_limit rows: a claim's cost is bounded whatever the
+-- backlog of a gated key; the keys' spread on the clock keeps eligible runs near the
+-- head.
+CREATE FUNCTION claim_runs(
+    p_lanes text[],
+    p_wildcard boolean,
+    p_demand integer,
+    p_worker_id text,
+    p_workloop smallint,
+    p_lease_seconds float8,
+    p_scan_limit integer
+) RETURNS SETOF runs
+LANGUAGE plpgsql AS $$
+DECLARE
+    sources integer := cardinality(p_lanes) + p_wildcard::integer;
+    source integer;
+    candidates refcursor;
+    candidate record;
+    policy key_policies%ROWTYPE;
+    picked bigint[] := '{}';
+    gated text[] := '{}';
+    taken jsonb := '{}';
+    scanned integer := 0;
+    gate text;
+    project_gate text;
+    in_flight integer;
+    cap integer;
+    tat timestamptz;
+    -- The common case, no limits anywhere, skips the per-candidate lookups.
+    any_policy boolean := EXISTS (SELECT 1 FROM key_policies);
+    any_concurrency boolean := EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL);
+BEGIN
+    FOR source IN 1 .. sources LOOP
+        IF source <= cardinality(p_lanes) THEN
+            OPEN candidates FOR
+                SELECT id, lane, key, project FROM runs
+                WHERE lane = p_lanes[source] AND state = 'available'
+                ORDER BY rank, id
+                FOR UPDATE SKIP LOCKED;
+        ELSE
+            OPEN candidates FOR
+                SELECT id, lane, key, project FROM runs
+                WHERE lane <> ALL(p_lanes) AND state = 'available'
+                ORDER BY rank, id
+                FOR UPDATE SKIP LOCKED;
+        END IF;
+        LOOP
+            FETCH candidates INTO candidate;
+            EXIT WHEN NOT FOUND;
+            scanned := scanned + 1;
+            EXIT WHEN scanned > p_scan_limit;
+            gate := candidate.lane || '/' || candidate.key;
+            project_gate := '/project/' || candidate.project;
+            CONTINUE WHEN gate = ANY(gated) OR project_gate = ANY(gated);
+            IF candidate.lane <> 'fast_lane' AND (any_policy OR any_concurrency) THEN
+                policy := NULL;
+                IF any_policy THEN
+                    SELECT * INTO policy FROM key_policies
+                    WHERE lane = candidate.lane AND key IN (candidate.key, '*')
+                    ORDER BY key = '*'
+                    LIMIT 1;
+                END IF;
+                IF policy.max_running IS NOT NULL THEN
+                    IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.key/' || gate, 0)) THEN
+                        gated := gated || gate;
+                        CONTINUE;
+                    END IF;
+                    SELECT count(*) INTO in_flight FROM runs
+                    WHERE lane = candidate.lane AND key = candidate.key AND state = 'running';
+                    IF in_flight + coalesce((taken ->> gate)::integer, 0) >= policy.max_running THEN
+                        gated := gated || gate;
+                        CONTINUE;
+                    END IF;
+                END IF;
+                cap := NULL;
+                IF any_concurrency THEN
+                    SELECT concurrency INTO cap FROM projects WHERE id = candidate.project;
+                END IF;
+                IF cap IS NOT NULL THEN
+                    IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.project/' || candidate.project, 0)) THEN
+                        gated := gated || project_gate;
+                        CONTINUE;
+                    END IF;
+                    SELECT count(*) INTO in_flight FROM runs
+                    WHERE project = candidate.project AND lane <> 'fast_lane' AND state = 'running';
+                    IF in_flight + coalesce((taken ->> project_gate)::integer, 0) >= cap THEN
+                        gated := gated || project_gate;
+                        CONTINUE;
+                    END IF;
+                END IF;
+                IF policy.rate IS NOT NULL THEN
+                    -- GCRA per key; the row lock serializes claimers of the same key.
+                    INSERT INTO key_rates AS r (lane, key, tat)
+                    VALUES (candidate.lane, candidate.key,
+                            now() + make_interval(secs => 1.0 / policy.rate))
+                    ON CONFLICT (lane, key) DO UPDATE
+                    SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / policy.rate)
+                    WHERE greatest(r.tat, now())
+                          <= now() + make_interval(secs => (policy.rate_burst - 1) / policy.rate)
+                    RETURNING r.tat INTO tat;
+                    IF NOT FOUND THEN
+                        gated := gated || gate;
+                        CONTINUE;
+                    END IF;
+                END IF;
+                taken := taken
+                    || jsonb_build_object(gate, coalesce((taken ->> gate)::integer, 0) + 1)
+                    || jsonb_build_object(project_gate, coalesce((taken ->> project_gate)::integer, 0) + 1);
+            END IF;
+            picked := picked || candidate.id;
+            EXIT WHEN cardinality(picked) >= p_demand;
+        END LOOP;
+        CLOSE candidates;
+        EXIT WHEN scanned > p_scan_limit OR cardinality(picked) >= p_demand;
+    END LOOP;
+
+    RETURN QUERY
+        UPDATE runs
+        SET state = 'running',
+            attempt = attempt + 1,
+            attempted_at = now(),
+            worker_id = p_worker_id,
+            workloop = p_workloop,
+            lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+        WHERE id = ANY(picked)
+        RETURNING *;
+END
+$$;
