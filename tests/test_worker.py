@@ -1,0 +1,347 @@
+"""The worker in this process: outcomes, retries, lanes, slot isolation, pruning.
+
+Every test runs a real worker (``running_worker``) against a real PostgreSQL and waits
+on conditions in the database, never on sleeps.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.conftest import running_worker, wait_until
+from tidegate import NewRun, RunState, Tidegate, current_run
+
+
+@pytest.fixture
+def identity_tasks(app: Tidegate) -> None:
+    """Tasks that report which run they saw and where they ran."""
+
+    @app.task(name="whoami_async")
+    async def whoami_async(**args: Any) -> dict[str, Any]:
+        run = current_run()
+        return {"id": run.id, "attempt": run.attempt, "args": args, "thread": _thread()}
+
+    @app.task(name="whoami_sync")
+    def whoami_sync(**args: Any) -> dict[str, Any]:
+        run = current_run()
+        return {"id": run.id, "attempt": run.attempt, "args": args, "thread": _thread()}
+
+
+def _thread() -> str:
+    return threading.current_thread().name
+
+
+def state_of(app: Tidegate, run_id: int) -> RunState | None:
+    run = app.get_run(run_id)
+    return run.state if run else None
+
+
+def finished(app: Tidegate, ids: list[int]) -> bool:
+    return all((state := state_of(app, run_id)) is not None and state.finished for run_id in ids)
+
+
+def count(sql: psycopg.Connection, where: str, params: list[Any] | None = None) -> int:
+    row = sql.execute(f"SELECT count(*) FROM runs WHERE {where}", params or []).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def claim_order(sql: psycopg.Connection) -> list[int]:
+    rows = sql.execute("SELECT id FROM runs ORDER BY attempted_at, id").fetchall()
+    return [row[0] for row in rows]
+
+
+# -- outcomes ----------------------------------------------------------------------
+
+
+@pytest.mark.usefixtures("identity_tasks")
+async def test_async_and_sync_handlers_succeed_and_their_results_are_stored(
+    app: Tidegate,
+) -> None:
+    on_loop = app.enqueue("whoami_async", {"n": 1})
+    in_thread = app.enqueue("whoami_sync", {"n": 2})
+    nothing = app.enqueue("noop")
+    async with running_worker(app, "manual>*:2"):
+        await wait_until(lambda: finished(app, [on_loop.id, in_thread.id, nothing.id]), 10)
+
+    for enqueued, n in ((on_loop, 1), (in_thread, 2)):
+        run = app.get_run(enqueued.id)
+        assert run is not None
+        assert run.state is RunState.SUCCEEDED
+        assert (run.attempt, run.errors) == (1, [])
+        assert run.completed_at is not None and run.lease_expires_at is None
+        # current_run() inside the handler was this very run, on its first attempt.
+        assert run.result["id"] == run.id and run.result["attempt"] == 1
+        assert run.result["args"] == {"n": n}
+    on_loop_result = app.get_run(on_loop.id).result  # type: ignore[union-attr]
+    in_thread_result = app.get_run(in_thread.id).result  # type: ignore[union-attr]
+    assert on_loop_result["thread"] == threading.main_thread().name
+    assert in_thread_result["thread"].startswith("tidegate-run")
+    empty = app.get_run(nothing.id)
+    assert empty is not None and empty.state is RunState.SUCCEEDED and empty.result is None
+
+
+async def test_failing_handler_is_retried_after_a_backoff_and_can_recover(
+    app: Tidegate,
+) -> None:
+    run = app.enqueue("fail", {"until_attempt": 2})
+    # A backoff of 0.5-1 s keeps the run visibly 'scheduled' between its attempts.
+    async with running_worker(app, "manual>*:1", backoff_base_seconds=1, backoff_max_seconds=1):
+        await wait_until(lambda: state_of(app, run.id) is RunState.SCHEDULED, 10)
+        waiting = app.get_run(run.id)
+        assert waiting is not None
+        assert waiting.attempt == 1
+        assert waiting.attempted_at is not None and waiting.scheduled_at > waiting.attempted_at
+        assert [e["error"] for e in waiting.errors] == ["ValueError: boom on attempt 1"]
+        await wait_until(lambda: finished(app, [run.id]), 10)
+
+    done = app.get_run(run.id)
+    assert done is not None
+    assert done.state is RunState.SUCCEEDED
+    assert done.result == "ok on attempt 2"
+    assert done.attempt == 2
+    assert done.attempted_at is not None and done.attempted_at >= waiting.scheduled_at
+    assert len(done.errors) == 1 and done.errors[0]["attempt"] == 1
+    assert "ValueError: boom on attempt 1" in done.errors[0]["traceback"]
+
+
+async def test_handler_failing_every_attempt_is_discarded_with_all_errors_kept(
+    app: Tidegate,
+) -> None:
+    run = app.enqueue("fail")  # max_attempts=3
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id]), 10)
+
+    done = app.get_run(run.id)
+    assert done is not None
+    assert done.state is RunState.DISCARDED
+    assert (done.attempt, done.max_attempts) == (3, 3)
+    assert done.completed_at is not None and done.result is None
+    assert [e["attempt"] for e in done.errors] == [1, 2, 3]
+    assert [e["error"] for e in done.errors] == [
+        f"ValueError: boom on attempt {n}" for n in (1, 2, 3)
+    ]
+
+
+async def test_retry_from_a_handler_reschedules_without_spending_an_attempt(
+    app: Tidegate,
+) -> None:
+    run = app.enqueue("retry_once", max_attempts=1)
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id]), 10)
+
+    done = app.get_run(run.id)
+    assert done is not None
+    # With one attempt allowed, a spent attempt would have ended it; Retry gave it back.
+    assert done.state is RunState.SUCCEEDED
+    assert done.result == "second time"
+    assert (done.attempt, done.max_attempts) == (2, 2)
+    assert done.errors == []
+
+
+async def test_cancel_from_a_handler_ends_the_run_cancelled(app: Tidegate) -> None:
+    run = app.enqueue("cancel_me")
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id]), 10)
+
+    done = app.get_run(run.id)
+    assert done is not None
+    assert done.state is RunState.CANCELLED
+    assert done.attempt == 1 and done.completed_at is not None
+    assert [e["error"] for e in done.errors] == ["Cancel: not needed any more"]
+
+
+async def test_attempt_over_the_task_timeout_is_discarded_with_a_timeout_error(
+    app: Tidegate,
+) -> None:
+    run = app.enqueue("slow")  # timeout 0.2 s, max_attempts 1; sleeps 5 s
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id]), 5)
+
+    done = app.get_run(run.id)
+    assert done is not None
+    assert done.state is RunState.DISCARDED
+    assert done.attempt == 1
+    assert len(done.errors) == 1
+    assert done.errors[0]["error"].startswith("TimeoutError")
+    assert "0.2s" in done.errors[0]["error"]
+
+
+async def test_unknown_task_fails_with_a_clear_error_and_the_worker_stays_up(
+    app: Tidegate,
+) -> None:
+    unknown = app.enqueue("no_such_task", {"x": 1}, max_attempts=2)
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [unknown.id]), 10)
+        after = app.enqueue("echo", {"still": "up"})
+        await wait_until(lambda: finished(app, [after.id]), 10)
+
+    done = app.get_run(unknown.id)
+    assert done is not None
+    assert done.state is RunState.DISCARDED
+    assert [e["error"] for e in done.errors] == [
+        "UnknownTaskError: no task named 'no_such_task' is registered on this worker"
+    ] * 2
+    survivor = app.get_run(after.id)
+    assert survivor is not None
+    assert survivor.state is RunState.SUCCEEDED and survivor.result == {"still": "up"}
+
+
+async def test_delayed_run_starts_only_once_it_is_due(app: Tidegate) -> None:
+    run = app.enqueue("echo", {"late": True}, delay=0.3)
+    assert run.state is RunState.SCHEDULED
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id]), 10)
+
+    done = app.get_run(run.id)
+    assert done is not None
+    assert done.state is RunState.SUCCEEDED and done.result == {"late": True}
+    assert done.attempted_at is not None and done.attempted_at >= run.scheduled_at
+
+
+# -- lanes in a real claim ---------------------------------------------------------
+
+
+async def test_filter_workloop_never_takes_runs_of_other_lanes(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    others = app.enqueue_many([NewRun("echo", {"i": i}) for i in range(3)])
+    fast = app.enqueue_many([NewRun("echo", {"i": i}, lane="fast_lane") for i in range(2)])
+    async with running_worker(app, "fast_lane:1"):
+        await wait_until(lambda: finished(app, [run.id for run in fast]), 10)
+        # One more fast-lane run: the workloop has claimed again since the first two.
+        later = app.enqueue("echo", lane="fast_lane")
+        await wait_until(lambda: finished(app, [later.id]), 10)
+
+    assert count(sql, "lane = 'fast_lane' AND state = 'succeeded'") == 3
+    for run in others:
+        untouched = app.get_run(run.id)
+        assert untouched is not None
+        assert (untouched.state, untouched.attempt) == (RunState.AVAILABLE, 0)
+
+
+async def test_preference_workloop_takes_its_named_lane_before_older_runs(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    older = app.enqueue_many([NewRun("echo", {"i": i}, priority=0) for i in range(4)])
+    # The manual runs are newer and of a worse priority: the chain position still wins.
+    manual = app.enqueue_many(
+        [NewRun("echo", {"i": i}, lane="manual", priority=9) for i in range(3)]
+    )
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id for run in older + manual]), 10)
+
+    assert claim_order(sql) == [run.id for run in manual + older]
+
+
+async def test_lower_priority_number_is_claimed_first_within_a_lane(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    priorities = [5, 0, 9, 3, 0, 7]
+    runs = app.enqueue_many([NewRun("echo", priority=p) for p in priorities])
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id for run in runs]), 10)
+
+    by_priority = sorted(runs, key=lambda run: (run.priority, run.id))
+    assert claim_order(sql) == [run.id for run in by_priority]
+
+
+# -- slots -------------------------------------------------------------------------
+
+
+async def test_fast_lane_slot_runs_at_once_while_every_other_slot_is_busy(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    app.enqueue_many([NewRun("async_sleep", {"seconds": 5}) for _ in range(5_000)])
+    async with running_worker(app, "fast_lane:1 manual>*:4", shutdown_grace_seconds=0.5) as worker:
+        await wait_until(lambda: count(sql, "lane = 'default' AND state = 'running'") == 4, 10)
+        fast = app.enqueue("echo", {"hello": "fast"}, lane="fast_lane")
+        await wait_until(lambda: state_of(app, fast.id) is RunState.SUCCEEDED, 5)
+
+        # The four slots of manual>* (workloop 1) were busy the whole time: their runs
+        # sleep 5 s, and no other default run was ever started, so the fast-lane slot
+        # (workloop 0) took none either.
+        assert count(sql, "lane = 'default' AND state = 'running' AND workloop = 1") == 4
+        assert count(sql, "lane = 'default' AND attempt > 0") == 4
+        assert count(sql, "lane <> 'fast_lane' AND workloop = 0") == 0
+        done = app.get_run(fast.id)
+        assert done is not None
+        assert (done.worker_id, done.workloop) == (worker.id, 0)
+        assert done.result == {"hello": "fast"}
+
+    # The short grace period handed the sleeping runs back, their attempt not counted.
+    assert count(sql, "state = 'running'") == 0
+    assert count(sql, "lane = 'default' AND attempt > 0") == 0
+    assert count(sql, "lane = 'default' AND state = 'available'") == 5_000
+
+
+async def test_workloop_never_runs_more_runs_than_its_slots(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    runs = app.enqueue_many([NewRun("sleep", {"seconds": 0.1}) for _ in range(50)])
+    ids = [run.id for run in runs]
+    seen_running: list[int] = []
+    seen_in_process: list[int] = []
+
+    async with running_worker(app, "manual>*:3") as worker:
+        (loop,) = worker.workloops
+
+        def sample() -> bool:
+            seen_in_process.append(len(loop.running))
+            seen_running.append(count(sql, "state = 'running' AND worker_id = %s", [worker.id]))
+            return finished(app, ids)
+
+        await wait_until(sample, 20, interval=0.01)
+
+    assert count(sql, "state = 'succeeded'") == 50
+    assert max(seen_in_process) == 3
+    assert 0 < max(seen_running) <= 3
+    assert _max_overlap(sql) == 3
+
+
+def _max_overlap(sql: psycopg.Connection) -> int:
+    """Return how many handlers ran at once, at most, from their recorded executions."""
+    rows = sql.execute("SELECT started_at, finished_at FROM executions").fetchall()
+    edges = sorted([(start, 1) for start, _ in rows] + [(end, -1) for _, end in rows])
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most
+
+
+# -- pruning -----------------------------------------------------------------------
+
+
+async def test_pruner_deletes_finished_runs_and_keeps_unfinished_ones(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    succeeded = app.enqueue_many([NewRun("echo", {"i": i}) for i in range(5)])
+    discarded = app.enqueue("fail", max_attempts=1)
+    cancelled = app.enqueue("echo", delay=3600)
+    app.cancel(cancelled.id)
+    scheduled = app.enqueue("echo", delay=3600)
+    elsewhere = app.enqueue("echo", lane="elsewhere")  # no workloop here takes it
+    running = app.enqueue("async_sleep", {"seconds": 30})
+    done_ids = [run.id for run in [*succeeded, discarded, cancelled]]
+
+    async with running_worker(
+        app,
+        "default:2",
+        retention_seconds=0.5,
+        prune_seconds=0.1,
+        shutdown_grace_seconds=0.5,
+    ):
+        await wait_until(lambda: state_of(app, running.id) is RunState.RUNNING, 10)
+        await wait_until(lambda: count(sql, "id = ANY(%s)", [done_ids]) == 0, 10)
+        # Still running after more than the retention period: not finished, so kept.
+        assert state_of(app, running.id) is RunState.RUNNING
+
+    assert state_of(app, scheduled.id) is RunState.SCHEDULED
+    assert state_of(app, elsewhere.id) is RunState.AVAILABLE
+    assert state_of(app, running.id) is RunState.AVAILABLE  # handed back at shutdown
+    assert count(sql, "true") == 3
