@@ -30,6 +30,7 @@ from typing import Any, TypeVar, overload
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from tidegate import policies
 from tidegate.errors import EnqueueError
 from tidegate.lanes import LANE_NAME
 from tidegate.runs import Run, RunState, run_row
@@ -286,6 +287,26 @@ class Tidegate:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
         params = {"id": run_id, "completed_channel": self.completed_channel}
         return self.execute(_first(Statement("cancel_run", params, run_row)))
+
+    # -- key policies -------------------------------------------------------------
+
+    def set_key_policy(self, lane: str, key: str = "*", **fields: Any) -> dict[str, Any]:
+        """Set ``max_running``, ``weight``, ``rate``/``rate_burst`` of a key in a lane.
+
+        ``key="*"`` sets the lane's default for keys without a policy of their own;
+        ``None`` clears a limit. The next claim sees the change (``tidegate.policies``).
+        """
+        return self.execute(policies.set_key_policy(lane, key, **fields))
+
+    async def aset_key_policy(self, lane: str, key: str = "*", **fields: Any) -> dict[str, Any]:
+        return await self.aexecute(policies.set_key_policy(lane, key, **fields))
+
+    def clear_key_policy(self, lane: str, key: str = "*") -> bool:
+        """Remove a key's policy in a lane; tell whether there was one."""
+        return self.execute(policies.clear_key_policy(lane, key))
+
+    def key_policies(self, lane: str | None = None) -> list[dict[str, Any]]:
+        return self.execute(policies.list_key_policies(lane))
 
     # -- schema and workers -------------------------------------------------------
 

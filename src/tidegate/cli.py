@@ -267,6 +267,7 @@ def _limits(function: FC) -> FC:
 
 
 def _admin(ctx: click.Context, steps: Any) -> Any:
+    from tidegate.policies import PolicyError
     from tidegate.projects import AdminError, NotFoundError, domain_error
 
     with Tidegate(settings=_settings(ctx)) as app:
@@ -274,7 +275,7 @@ def _admin(ctx: click.Context, steps: Any) -> Any:
             return app.execute(steps)
         except psycopg.errors.IntegrityError as error:
             raise click.ClickException(str(domain_error(error))) from None
-        except (AdminError, NotFoundError) as error:
+        except (AdminError, NotFoundError, PolicyError) as error:
             raise click.ClickException(str(error)) from None
 
 
@@ -372,3 +373,50 @@ def triggers_list(ctx: click.Context, /, project_id: str | None) -> None:
     from tidegate.projects import list_triggers
 
     _echo(_admin(ctx, list_triggers(project_id)))
+
+
+@main.group()
+def keys() -> None:
+    """Per-key limits in a lane: max running, weight, rate (KEY '*': the lane's default)."""
+
+
+@keys.command("set")
+@click.argument("lane")
+@click.argument("key", default="*")
+@click.option("--max-running", type=click.IntRange(min=0), help="Runs of the key in flight.")
+@click.option("--weight", type=click.FloatRange(min=0, min_open=True), help="Share of claims.")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Starts per second.")
+@click.option("--rate-burst", type=click.IntRange(min=1), help="Starts at once above the rate.")
+@click.option("--clear", multiple=True, help="A limit to remove, e.g. --clear max_running.")
+@click.pass_context
+def keys_set(
+    ctx: click.Context, /, lane: str, key: str, clear: tuple[str, ...], **fields: Any
+) -> None:
+    """Set the policy of KEY in LANE; the next claim sees it."""
+    from tidegate.policies import set_key_policy
+
+    changes = {name: value for name, value in fields.items() if value is not None}
+    changes.update({name.replace("-", "_"): None for name in clear})
+    _echo(_admin(ctx, set_key_policy(lane, key, **changes)))
+
+
+@keys.command("clear")
+@click.argument("lane")
+@click.argument("key", default="*")
+@click.pass_context
+def keys_clear(ctx: click.Context, /, lane: str, key: str) -> None:
+    """Remove the policy of KEY in LANE."""
+    from tidegate.policies import clear_key_policy
+
+    if not _admin(ctx, clear_key_policy(lane, key)):
+        raise click.ClickException(f"no policy for key {key!r} in lane {lane!r}")
+
+
+@keys.command("list")
+@click.argument("lane", required=False)
+@click.pass_context
+def keys_list(ctx: click.Context, /, lane: str | None) -> None:
+    """List key policies (of LANE, or of every lane)."""
+    from tidegate.policies import list_key_policies
+
+    _echo(_admin(ctx, list_key_policies(lane)))

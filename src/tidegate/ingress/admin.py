@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from tidegate.ingress.auth import require_admin
 from tidegate.ingress.server import Ingress
+from tidegate.policies import PolicyError, clear_key_policy, list_key_policies, set_key_policy
 from tidegate.projects import (
     AdminError,
     NotFoundError,
@@ -70,7 +71,7 @@ async def _apply(request: Request, steps: Steps[Any]) -> Any:
         return await ingress.run(steps)
     except psycopg.errors.IntegrityError as error:
         raise _http(domain_error(error)) from None
-    except (AdminError, NotFoundError) as error:
+    except (AdminError, NotFoundError, PolicyError) as error:
         raise _http(error) from None
 
 
@@ -132,3 +133,29 @@ async def get_triggers(project_id: str, request: Request) -> list[dict[str, Any]
 async def patch_trigger(trigger_id: int, body: TriggerFields, request: Request) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
     return _with_url(await _apply(request, update_trigger(trigger_id, **changes)))
+
+
+class KeyPolicy(BaseModel):
+    max_running: int | None = Field(
+        None, ge=0, description="the key's runs in flight; null: no limit"
+    )
+    weight: float | None = Field(None, gt=0, description="the key's share of claims (default 1)")
+    rate: float | None = Field(None, gt=0, description="runs started per second; null: no limit")
+    rate_burst: int | None = Field(None, ge=1, description="starts at once above the rate")
+
+
+@router.put("/lanes/{lane}/keys/{key}")
+async def put_key_policy(lane: str, key: str, body: KeyPolicy, request: Request) -> dict[str, Any]:
+    """Set a key's policy in a lane (key ``*``: the lane's default); the next claim sees it."""
+    return await _apply(request, set_key_policy(lane, key, **body.model_dump(exclude_unset=True)))  # type: ignore[no-any-return]
+
+
+@router.get("/lanes/{lane}/keys")
+async def get_key_policies(lane: str, request: Request) -> list[dict[str, Any]]:
+    return await _apply(request, list_key_policies(lane))  # type: ignore[no-any-return]
+
+
+@router.delete("/lanes/{lane}/keys/{key}", status_code=204)
+async def delete_key_policy(lane: str, key: str, request: Request) -> None:
+    if not await _apply(request, clear_key_policy(lane, key)):
+        raise HTTPException(404, f"no policy for key {key!r} in lane {lane!r}")

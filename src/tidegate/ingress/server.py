@@ -67,7 +67,7 @@ class Ingress:
             max_size=settings.pool_size,
             kwargs={"autocommit": True},
             timeout=POOL_WAIT_SECONDS,
-
+            reconnect_timeout=RECONNECT_SECONDS,
             open=False,
             name="tidegate-ingress",
         )

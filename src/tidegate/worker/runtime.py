@@ -138,7 +138,11 @@ class Worker:
         )
         self.completer = Completer(
             self.pool,
-            {"worker_id": self.id, "completed_channel": app.completed_channel},
+            {
+                "worker_id": self.id,
+                "completed_channel": app.completed_channel,
+                "channel": app.available_channel,
+            },
         )
         channel = {"channel": app.available_channel}
         lease = {"lease_seconds": self.settings.lease_seconds}

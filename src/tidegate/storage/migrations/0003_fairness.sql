@@ -10,13 +10,15 @@
 -- offset on the same clock: the floor passes a low-priority run in time, so nothing
 -- waits forever. Enqueue writes no shared row: both inputs are index probes.
 
+-- A key's policy in a lane; key '*' is the lane's default. Each field left NULL falls
+-- back to the lane's default, then to none (weight: 1, rate_burst: 1).
 CREATE TABLE key_policies (
     lane        text    NOT NULL,
-    key         text    NOT NULL,   -- a key; '*': every key of the lane without its own row
-    max_running integer,            -- runs of the key in flight in the lane; NULL: no limit
-    weight      float8  NOT NULL DEFAULT 1,
-    rate        float8,             -- runs started per second; NULL: no limit
-    rate_burst  integer NOT NULL DEFAULT 1,
+    key         text    NOT NULL,
+    max_running integer,            -- runs of the key in flight in the lane
+    weight      float8,             -- the key's share of claims
+    rate        float8,             -- runs started per second
+    rate_burst  integer,            -- starts at once above the rate
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (lane, key),
     CONSTRAINT key_policies_max_running_range CHECK (max_running >= 0),
@@ -110,7 +112,9 @@ DECLARE
     source integer;
     candidates refcursor;
     candidate record;
-    policy key_policies%ROWTYPE;
+    max_running integer;
+    rate float8;
+    rate_burst integer;
     picked bigint[] := '{}';
     gated text[] := '{}';
     taken jsonb := '{}';
@@ -147,21 +151,27 @@ BEGIN
             project_gate := '/project/' || candidate.project;
             CONTINUE WHEN gate = ANY(gated) OR project_gate = ANY(gated);
             IF candidate.lane <> 'fast_lane' AND (any_policy OR any_concurrency) THEN
-                policy := NULL;
+                max_running := NULL;
+                rate := NULL;
                 IF any_policy THEN
-                    SELECT * INTO policy FROM key_policies
-                    WHERE lane = candidate.lane AND key IN (candidate.key, '*')
-                    ORDER BY key = '*'
-                    LIMIT 1;
+                    SELECT coalesce(own.max_running, lane_default.max_running),
+                           coalesce(own.rate, lane_default.rate),
+                           coalesce(own.rate_burst, lane_default.rate_burst, 1)
+                    INTO max_running, rate, rate_burst
+                    FROM (SELECT) AS one
+                    LEFT JOIN key_policies own
+                        ON own.lane = candidate.lane AND own.key = candidate.key
+                    LEFT JOIN key_policies lane_default
+                        ON lane_default.lane = candidate.lane AND lane_default.key = '*';
                 END IF;
-                IF policy.max_running IS NOT NULL THEN
+                IF max_running IS NOT NULL THEN
                     IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.key/' || gate, 0)) THEN
                         gated := gated || gate;
                         CONTINUE;
                     END IF;
                     SELECT count(*) INTO in_flight FROM runs
                     WHERE lane = candidate.lane AND key = candidate.key AND state = 'running';
-                    IF in_flight + coalesce((taken ->> gate)::integer, 0) >= policy.max_running THEN
+                    IF in_flight + coalesce((taken ->> gate)::integer, 0) >= max_running THEN
                         gated := gated || gate;
                         CONTINUE;
                     END IF;
@@ -182,15 +192,15 @@ BEGIN
                         CONTINUE;
                     END IF;
                 END IF;
-                IF policy.rate IS NOT NULL THEN
+                IF rate IS NOT NULL THEN
                     -- GCRA per key; the row lock serializes claimers of the same key.
                     INSERT INTO key_rates AS r (lane, key, tat)
                     VALUES (candidate.lane, candidate.key,
-                            now() + make_interval(secs => 1.0 / policy.rate))
+                            now() + make_interval(secs => 1.0 / rate))
                     ON CONFLICT (lane, key) DO UPDATE
-                    SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / policy.rate)
+                    SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / rate)
                     WHERE greatest(r.tat, now())
-                          <= now() + make_interval(secs => (policy.rate_burst - 1) / policy.rate)
+                          <= now() + make_interval(secs => (rate_burst - 1) / rate)
                     RETURNING r.tat INTO tat;
                     IF NOT FOUND THEN
                         gated := gated || gate;

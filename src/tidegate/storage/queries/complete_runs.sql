@@ -34,5 +34,13 @@ done AS (
 notified AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
     FROM done WHERE lane = 'fast_lane' AND state <> 'scheduled'
+),
+-- A finished run frees its key's place: where limits are set, claimers of its lane on
+-- every worker look again (a key at max_running is gated, not idle).
+freed AS (
+    SELECT count(pg_notify(%(channel)s, lane)) AS lanes
+    FROM (SELECT DISTINCT lane FROM done) AS lanes
+    WHERE EXISTS (SELECT 1 FROM key_policies)
+       OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL)
 )
-SELECT done.id FROM done, notified
+SELECT done.id FROM done, notified, freed
