@@ -227,26 +227,25 @@ def _retry_after(seconds: float | None, default: int = RETRY_AFTER_MIN_SECONDS) 
     return max(RETRY_AFTER_MIN_SECONDS, min(RETRY_AFTER_MAX_SECONDS, math.ceil(seconds)))
 
 
-def _fast_lane_headers(decision: Mapping[str, Any], remaining: int, reset: int) -> dict[str, str]:
-    cap = decision["fast_lane_cap"]
+def _limit_fields(policy: str, quota: int, unit: str, remaining: int, reset: int) -> dict[str, str]:
+    """The IETF draft's rate-limit fields, and the older ones for older clients."""
     return {
-        "RateLimit-Policy": f'"fast_lane";q={cap};qu="concurrent-requests"',
-        "RateLimit": f'"fast_lane";r={remaining};t={reset}',
-        "RateLimit-Limit": str(cap),
+        "RateLimit-Policy": f'"{policy}";q={quota};qu="{unit}"',
+        "RateLimit": f'"{policy}";r={remaining};t={reset}',
+        "RateLimit-Limit": str(quota),
         "RateLimit-Remaining": str(remaining),
         "RateLimit-Reset": str(reset),
     }
+
+
+def _fast_lane_headers(decision: Mapping[str, Any], remaining: int, reset: int) -> dict[str, str]:
+    return _limit_fields(
+        "fast_lane", decision["fast_lane_cap"], "concurrent-requests", remaining, reset
+    )
 
 
 def _ingest_headers(decision: Mapping[str, Any], remaining: int, reset: int) -> dict[str, str]:
-    burst = decision["ingest_burst"]
-    return {
-        "RateLimit-Policy": f'"ingest";q={burst};qu="requests"',
-        "RateLimit": f'"ingest";r={remaining};t={reset}',
-        "RateLimit-Limit": str(burst),
-        "RateLimit-Remaining": str(remaining),
-        "RateLimit-Reset": str(reset),
-    }
+    return _limit_fields("ingest", decision["ingest_burst"], "requests", remaining, reset)
 
 
 def _rate_limit_headers(decision: Mapping[str, Any]) -> dict[str, str]:
