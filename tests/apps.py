@@ -88,6 +88,20 @@ def register(app: Tidegate) -> None:
     async def slow(**_: Any) -> None:
         await asyncio.sleep(5)
 
+    # Webhook-shaped handlers: a webhook run's args are {"body", "headers", "trigger"}.
+
+    @app.task(name="hook_sleep")
+    def hook_sleep(body: Any = None, **_: Any) -> dict[str, Any]:
+        started = time.time()
+        seconds = float(body.get("seconds", 0)) if isinstance(body, dict) else 0.0
+        time.sleep(seconds)
+        record(started)
+        return {"slept": seconds}
+
+    @app.task(name="hook_reply")
+    async def hook_reply(body: Any = None, **_: Any) -> dict[str, Any]:
+        return {"$reply": {"status": 201, "headers": {"x-a": "b"}, "body": {"got": body}}}
+
 
 app = Tidegate()
 if os.environ.get("TIDEGATE_SCHEMA"):  # only in the worker processes the tests spawn

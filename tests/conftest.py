@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
+from tests.http_fixtures import ApiServer, wait_for_workers
 from tidegate import Settings, Tidegate
 from tidegate.storage.embedded import start_embedded
 from tidegate.worker.runtime import Worker
@@ -141,3 +142,51 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "database_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.db)
+
+
+@pytest.fixture
+def start_api(app: Tidegate, settings: Settings) -> Iterator[Callable[..., ApiServer]]:
+    """Start ``tidegate serve --role api`` servers on the test's (migrated) schema.
+
+    ``start_api(processes=N, settings=..., **TIDEGATE_options)``; every server started is
+    stopped with SIGTERM at the end of the test.
+    """
+    servers: list[ApiServer] = []
+
+    def start(processes: int = 1, settings: Settings = settings, **options: object) -> ApiServer:
+        server = ApiServer.start(settings, processes=processes, **options)
+        servers.append(server)
+        return server
+
+    yield start
+    exits = [server.stop() for server in reversed(servers)]
+    assert exits == [0] * len(servers), f"tidegate serve exit codes on SIGTERM: {exits}"
+
+
+@pytest.fixture
+def api(start_api: Callable[..., ApiServer]) -> ApiServer:
+    """One API server (one process) on the test's schema."""
+    return start_api()
+
+
+@pytest.fixture
+def start_worker_process(settings: Settings) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Spawn ``tidegate worker`` processes (``spawn_worker``), stopped at the end of the test.
+
+    ``start_worker_process("fast_lane:1 manual>*:2")`` returns once the worker has
+    registered its slots, so admission counts them from the first request on.
+    """
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(workloops: str, *extra: str) -> subprocess.Popen[bytes]:
+        before = len(processes)
+        process = spawn_worker(settings, workloops, *extra)
+        processes.append(process)
+        assert settings.database_url
+        wait_for_workers(settings.database_url, settings.schema, before + 1)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            stop_worker(process)

@@ -112,7 +112,7 @@ def domain_error(error: psycopg.Error) -> TidegateError:
     messages = {
         "projects_pkey": "a project with this id exists already",
         "projects_id_format": "project id must match [A-Za-z0-9_.-]{1,64}",
-        "triggers_name_unique": "this project has a trigger with this name already",
+        "triggers_name_unique": "a trigger with this name exists already in this project",
         "triggers_project_fkey": "no such project",
         "triggers_mode_valid": "mode must be 'async' or 'sync'",
         "triggers_max_body_range": "max_body_bytes must be 1 to 104857600",
