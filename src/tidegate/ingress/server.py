@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidegate.app import Tidegate
 from tidegate.ingress.completions import Completions
 from tidegate.settings import Settings
+from tidegate.storage.database import RECONNECT_SECONDS
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Steps, T, adrive
 
@@ -34,13 +35,6 @@ log = logging.getLogger("tidegate.ingress")
 DATABASE_RETRY_AFTER_SECONDS = 2
 POOL_WAIT_SECONDS = 2.0
 """How long a request waits for a connection before it is answered 503."""
-RECONNECT_SECONDS = 5.0
-"""How long the pool retries a lost connection before it lets the next request start over.
-
-The pool's retries back off without a ceiling (1, 2, 4, 8... s), so after a long outage
-the server would go on answering 503 for about as long again once the database is back.
-Giving up after a few seconds lets the next request start a fresh attempt at once.
-"""
 
 
 def problem(

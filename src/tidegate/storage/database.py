@@ -21,6 +21,8 @@ from tidegate.settings import Settings
 from tidegate.storage.embedded import start_embedded
 from tidegate.storage.migrate import migrate
 
+RECONNECT_SECONDS = 5.0
+
 
 class Database:
     """Where tidegate's data lives, and pools of connections to it."""
@@ -95,6 +97,9 @@ class Database:
             min_size=1,
             max_size=size or self.settings.pool_size,
             kwargs={"autocommit": True},
+            # Give up a reconnection sequence after a few seconds: the next request for a
+            # connection starts a fresh one, so service resumes soon after an outage.
+            reconnect_timeout=RECONNECT_SECONDS,
             open=False,
             name="tidegate-async",
         )
