@@ -34,6 +34,10 @@ class NotFoundError(TidegateError, LookupError):
     """The project or trigger named does not exist."""
 
 
+class ConflictError(AdminError):
+    """A project or trigger with this name exists already."""
+
+
 def hash_token(token: str) -> str:
     """Return the stored form of an API token (sha256, hex)."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -120,6 +124,8 @@ def domain_error(error: psycopg.Error) -> TidegateError:
     }
     if constraint == "triggers_project_fkey":
         return NotFoundError(messages[constraint])
+    if constraint in ("projects_pkey", "triggers_name_unique"):
+        return ConflictError(messages[constraint])
     if constraint in messages:
         return AdminError(messages[constraint])
     if constraint.startswith("projects_") and constraint.endswith("_range"):

@@ -17,6 +17,7 @@ from tidegate.ingress.server import Ingress
 from tidegate.policies import PolicyError, clear_key_policy, list_key_policies, set_key_policy
 from tidegate.projects import (
     AdminError,
+    ConflictError,
     NotFoundError,
     create_project,
     create_trigger,
@@ -78,7 +79,7 @@ async def _apply(request: Request, steps: Steps[Any]) -> Any:
 def _http(error: Exception) -> HTTPException:
     if isinstance(error, NotFoundError):
         return HTTPException(404, str(error))
-    if "exists already" in str(error):
+    if isinstance(error, ConflictError):
         return HTTPException(409, str(error))
     return HTTPException(422, str(error))
 

@@ -142,7 +142,7 @@ async def _answer(ingress: Ingress, trigger: Trigger, decision: dict[str, Any]) 
         return problem(
             503,
             "no worker has a free fast-lane slot",
-            {"Retry-After": str(RETRY_AFTER_MIN_SECONDS)},
+            {"Retry-After": str(_retry_after(decision["retry_after"]))},
         )
     if verdict == "backlog_full":
         return problem(

@@ -208,8 +208,18 @@ BEGIN
              - (SELECT count(*) FROM runs WHERE runs.lane = 'fast_lane' AND runs.state = 'available')
         INTO free_slots;
         IF free_slots <= 0 THEN
+            -- Retry-After: a slot frees about as fast as recent fast-lane runs took.
             RETURN QUERY SELECT 'no_capacity', NULL::bigint, NULL::bigint, cap,
-                fast_lane_remaining + 1, ingest_burst, ingest_remaining, NULL::float8;
+                fast_lane_remaining + 1, ingest_burst, ingest_remaining, (
+                    SELECT avg(extract(epoch FROM recent.completed_at - recent.attempted_at))::float8
+                    FROM (
+                        SELECT runs.completed_at, runs.attempted_at FROM runs
+                        WHERE runs.lane = 'fast_lane' AND runs.state = 'succeeded'
+                          AND runs.completed_at > now() - interval '10 minutes'
+                        ORDER BY runs.completed_at DESC
+                        LIMIT 20
+                    ) AS recent
+                );
             RETURN;
         END IF;
     END IF;

@@ -1,0 +1,346 @@
+"""What both sides of the benchmark share: schemas, worker processes, figures.
+
+Every measurement runs on a schema of its own (``bench_<side>_<hex>``), created just
+before and dropped just after, so no measurement sees another's rows, dead tuples or
+statistics. Worker processes are started by the harness, report readiness on stderr,
+and are stopped with SIGTERM; a worker that dies takes the measurement down with it,
+its last log lines in the error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+ROOT = Path(__file__).resolve().parent.parent
+POLL_SECONDS = 0.1
+"""How often the harness looks at the database while it waits for a worker."""
+
+
+class BenchError(RuntimeError):
+    """A measurement could not be made, or its result did not check out."""
+
+
+# -- schemas and connections -----------------------------------------------------------
+
+
+def schema_conninfo(url: str, schema: str) -> str:
+    """Return a connection string whose ``search_path`` is ``schema``."""
+    return make_conninfo(url, options=f"-c search_path={schema}", application_name="tidegate-bench")
+
+
+@contextlib.contextmanager
+def fresh_schema(url: str, side: str) -> Iterator[str]:
+    """Create an empty schema for one measurement; drop it afterwards."""
+    name = f"bench_{side}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+    try:
+        yield name
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def settle(url: str, schema: str, table: str) -> None:
+    """Vacuum and analyze ``table``, then checkpoint: every side starts from the same state.
+
+    Without it, autovacuum or a checkpoint may land in one side's measurement and not in
+    the other's. ``CHECKPOINT`` needs a superuser (or ``pg_checkpoint``); without the
+    right it is skipped.
+    """
+    with psycopg.connect(schema_conninfo(url, schema), autocommit=True) as conn:
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
+        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CHECKPOINT")
+
+
+def wait_for(
+    check: Callable[[], bool],
+    *,
+    timeout: float,
+    what: str,
+    worker: WorkerProcess | None = None,
+    interval: float = POLL_SECONDS,
+) -> float:
+    """Poll ``check`` until it is true and return when (wall time).
+
+    Fail after ``timeout`` seconds, or as soon as ``worker`` dies.
+    """
+    deadline = time.monotonic() + timeout
+    while not check():
+        if worker is not None:
+            worker.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"{what}: not done within {timeout:.0f}s")
+        time.sleep(interval)
+    return time.time()
+
+
+def paced(count: int, interval: float) -> Iterator[int]:
+    """Yield ``0 .. count-1``, the k-th at ``start + k * interval`` (no drift from work)."""
+    start = time.monotonic()
+    for k in range(count):
+        delay = start + k * interval - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        yield k
+
+
+# -- worker processes ----------------------------------------------------------------
+
+
+def child_env(**values: str) -> dict[str, str]:
+    """Return the environment of a worker process: no inherited ``TIDEGATE_*`` options.
+
+    A ``TIDEGATE_POLL_SECONDS`` left in the caller's shell would otherwise change the
+    worker under test; the benchmark measures tidegate's defaults.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.update(values)
+    return env
+
+
+class WorkerProcess:
+    """A worker started by the harness; ready once ``ready_marker`` shows on its stderr."""
+
+    def __init__(self, argv: Sequence[str], env: dict[str, str], ready_marker: str) -> None:
+        self.argv = list(argv)
+        self.ready_marker = ready_marker
+        self.ready = threading.Event()
+        self.log: deque[str] = deque(maxlen=40)
+        self.started_at = time.time()
+        self.process = subprocess.Popen(
+            self.argv,
+            env=env,
+            cwd=ROOT,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._reader = threading.Thread(target=self._read, name="bench-worker-log", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self.log.append(line.rstrip())
+            if self.ready_marker in line:
+                self.ready.set()
+
+    def check_alive(self) -> None:
+        code = self.process.poll()
+        if code is not None:
+            self._reader.join(2)
+            raise BenchError(f"worker exited with {code}:\n" + "\n".join(self.log))
+
+    def wait_ready(self, timeout: float = 30.0) -> float:
+        """Wait until the worker says it listens and claims; return when, in wall time."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(POLL_SECONDS):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                self.kill()
+                raise BenchError(f"worker not ready within {timeout:.0f}s:\n" + "\n".join(self.log))
+        return time.time()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM the worker and require a clean exit."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise BenchError(f"worker did not stop within {timeout:.0f}s") from None
+        self._reader.join(2)
+        if code != 0:
+            raise BenchError(f"worker exited with {code}:\n" + "\n".join(self.log))
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()  # a no-op after a clean stop()
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+# -- figures -------------------------------------------------------------------------
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    """Return p50, p95, p99 and max (inclusive method: p100 is the largest sample)."""
+    if len(values) < 2:
+        only = float(values[0]) if values else float("nan")
+        return {"p50": only, "p95": only, "p99": only, "max": only}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": cuts[49], "p95": cuts[94], "p99": cuts[98], "max": float(max(values))}
+
+
+def wakeup_figures(samples: Sequence[tuple[float, float, float, float]]) -> dict[str, Any]:
+    """Summarise wake-up samples ``(enqueued_at, inserted_at, attempted_at, started_at)``.
+
+    All four are Unix times on this machine's clock: the enqueuing client's
+    ``time.time()`` just before it sent the insert, the insert's and the claim's
+    transaction start (``now()`` on the server, read from the table), and the handler's
+    ``time.time()`` at its first line. The headline, ``handler_ms``, is enqueue to
+    handler start; ``db_ms`` is ``attempted_at - inserted_at``; the three ``stage_ms``
+    split the headline into send (enqueue to insert start), wake (insert start to claim
+    start: insert, commit, NOTIFY, wake-up) and start (claim start to handler start:
+    claim, commit, rows to a running handler).
+    """
+    handler, db, send, start = [], [], [], []
+    for enqueued, inserted, attempted, started in samples:
+        handler.append((started - enqueued) * 1000)
+        db.append((attempted - inserted) * 1000)
+        send.append((inserted - enqueued) * 1000)
+        start.append((started - attempted) * 1000)
+    return {
+        "samples": len(samples),
+        "handler_ms": percentiles(handler),
+        "db_ms": percentiles(db),
+        "stage_ms": {
+            "send": percentiles(send),
+            "wake": percentiles(db),
+            "start": percentiles(start),
+        },
+    }
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Return the median, min and max of repeated measurements, and the values."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "values": list(values),
+    }
+
+
+# -- where the figures come from -------------------------------------------------------
+
+
+SERVER_SETTINGS = (
+    "shared_buffers",
+    "synchronous_commit",
+    "fsync",
+    "full_page_writes",
+    "wal_level",
+    "max_wal_size",
+    "max_connections",
+)
+
+
+def server_info(url: str) -> dict[str, Any]:
+    """Describe the PostgreSQL server: version and the settings that move the figures."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT version(), current_setting('server_version')").fetchone()
+        assert row is not None
+        settings = {
+            name: conn.execute("SELECT current_setting(%s)", [name]).fetchone()[0]  # type: ignore[index]
+            for name in SERVER_SETTINGS
+        }
+        host = conn.info.host
+    return {
+        "version": row[1],
+        "version_string": row[0],
+        "major": int(str(row[1]).split(".")[0]),
+        "settings": settings,
+        "connection": "unix socket" if host.startswith("/") else f"tcp {host}",
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    """Describe this machine: cores, memory, CPU model, load when the run started."""
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory_gib = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+                break
+    return {
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "cpu_model": model,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "psycopg": psycopg.__version__,
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def source_digest(package_dir: Path) -> str:
+    """Return a short hash of a tidegate source tree (its ``.py`` and ``.sql`` files)."""
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*")):
+        if path.suffix in (".py", ".sql") and path.is_file():
+            digest.update(str(path.relative_to(package_dir)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def tidegate_dir() -> Path:
+    """Return the directory of the tidegate package this process imports."""
+    import tidegate
+
+    return Path(tidegate.__file__).resolve().parent
+
+
+def code_info() -> dict[str, Any]:
+    """Name the tidegate code under test: the commit, and the hash of the source itself.
+
+    ``src_modified`` says the working tree's ``src/tidegate`` differs from the commit; the
+    hash is of the package actually imported (a ``--snapshot`` copy, or the tree).
+    """
+    info: dict[str, Any] = {}
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        info["commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "--no-optional-locks", "status", "--porcelain", "--", "src/tidegate"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        info["src_modified"] = bool(changed)
+    info["src_sha256"] = source_digest(tidegate_dir())
+    return info
