@@ -59,6 +59,8 @@ class Workloop(Service):
         self.worker = worker
         self.spec = spec
         self.running: dict[int, asyncio.Task[None]] = {}
+        self.backlog = True
+        """Whether the last claim was full, so runs may be waiting for a free slot."""
         self.wake = asyncio.Event()
         self.wake.set()
         self.claim_params: dict[str, Any] = {
@@ -95,7 +97,10 @@ class Workloop(Service):
                     break
                 for run in runs:
                     self.launch(run)
-                if len(runs) < demand:
+                # A full claim may have left runs behind: a freed slot should look again.
+                # A short one found the lanes empty: new runs will say so (NOTIFY).
+                self.backlog = len(runs) == demand
+                if not self.backlog:
                     break
 
     async def claim(self, demand: int) -> list[Run]:
@@ -117,7 +122,8 @@ class Workloop(Service):
         # take more runs than the workloop has slots while outcomes wait in a batch.
         await worker.completer.add(outcome)
         del self.running[run.id]
-        self.wake.set()
+        if self.backlog:
+            self.wake.set()
 
 
 class Worker:
@@ -268,8 +274,10 @@ class Worker:
 
     def wake(self, channel: str, lane: str) -> None:
         for loop in self.workloops:
-            if loop.free > 0 and loop.admits(lane):
-                loop.wake.set()
+            if loop.admits(lane):
+                loop.backlog = True  # a full workloop looks when its next slot frees
+                if loop.free > 0:
+                    loop.wake.set()
 
     async def beat(self) -> bool:
         workloops = [

@@ -45,8 +45,10 @@ CREATE INDEX runs_claim_any ON runs (priority, scheduled_at, id)
 -- The stager: scheduled runs that have come due.
 CREATE INDEX runs_due ON runs (scheduled_at) WHERE state = 'scheduled';
 
--- The rescuer: leases that ran out. Only running runs are in it: a handful per slot.
-CREATE INDEX runs_leases ON runs (lease_expires_at) WHERE state = 'running';
+-- Runs in flight: a few per worker slot. The rescuer scans it for leases that ran out;
+-- per-key and per-project limits count a key's runs in flight from it. One small index
+-- for all three keeps a claim to as few index writes as it can be.
+CREATE INDEX runs_running ON runs (lane, key) WHERE state = 'running';
 
 -- The pruner: finished runs by age.
 CREATE INDEX runs_finished ON runs (completed_at)

@@ -70,9 +70,6 @@ CREATE INDEX runs_fast_lane_inflight ON runs (project)
 CREATE INDEX runs_fast_lane_finished ON runs (project, completed_at)
     WHERE lane = 'fast_lane' AND state IN ('succeeded', 'discarded', 'cancelled');
 
--- The backlog cap: a project's ready runs in a lane, counted up to the cap.
-CREATE INDEX runs_backlog ON runs (project, lane) WHERE state IN ('scheduled', 'available');
-
 -- The super admin's token (its sha256), when it was generated rather than configured.
 CREATE TABLE admin_tokens (
     singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
@@ -93,7 +90,8 @@ CREATE TABLE admin_tokens (
 --                 two API processes can never both take the last place, and a finished
 --                 run frees its place by finishing: there is no counter to drift.
 --   no_capacity   fast lane: no live worker has a free slot that can take it.
---   backlog_full  the project's ready runs in the lane are at its backlog cap.
+--   backlog_full  the project's ready runs in the lane (its webhooks' key is the
+--                 project) are at its backlog cap, counted up to the cap.
 --   admitted      run and request inserted, the lane notified.
 CREATE FUNCTION admit_webhook(
     p_trigger_id bigint,
@@ -227,8 +225,7 @@ BEGIN
     IF proj.backlog_cap IS NOT NULL THEN
         SELECT count(*) INTO backlog FROM (
             SELECT 1 FROM runs
-            WHERE runs.project = p_project AND runs.lane = p_lane
-              AND runs.state IN ('scheduled', 'available')
+            WHERE runs.lane = p_lane AND runs.key = p_project AND runs.state = 'available'
             LIMIT proj.backlog_cap
         ) AS ready;
         IF backlog >= proj.backlog_cap THEN

@@ -50,10 +50,8 @@ CREATE INDEX runs_claim_any ON runs (rank, id) WHERE state = 'available';
 -- A key's newest ready run: where its next run's virtual time starts.
 CREATE INDEX runs_key_ready ON runs (lane, key, vtime) WHERE state = 'available';
 
--- A key's (and a project's) runs in flight: the ground truth of max_running and of
--- project concurrency, counted under an advisory lock, never kept in a counter.
-CREATE INDEX runs_key_running ON runs (lane, key) WHERE state = 'running';
-CREATE INDEX runs_project_running ON runs (project) WHERE state = 'running';
+-- A key's runs in flight (runs_running, from 0001) are the ground truth of max_running
+-- and of project concurrency: counted under an advisory lock, never kept in a counter.
 
 -- The weight of a key in a lane: its own policy, else the lane's default, else 1.
 CREATE FUNCTION key_weight(p_lane text, p_key text) RETURNS float8
@@ -128,95 +126,121 @@ DECLARE
     any_policy boolean := EXISTS (SELECT 1 FROM key_policies);
     any_concurrency boolean := EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL);
 BEGIN
-    FOR source IN 1 .. sources LOOP
-        IF source <= cardinality(p_lanes) THEN
-            OPEN candidates FOR
-                SELECT id, lane, key, project FROM runs
-                WHERE lane = p_lanes[source] AND state = 'available'
-                ORDER BY rank, id
-                FOR UPDATE SKIP LOCKED;
-        ELSE
-            OPEN candidates FOR
-                SELECT id, lane, key, project FROM runs
-                WHERE lane <> ALL(p_lanes) AND state = 'available'
-                ORDER BY rank, id
-                FOR UPDATE SKIP LOCKED;
-        END IF;
-        LOOP
-            FETCH candidates INTO candidate;
-            EXIT WHEN NOT FOUND;
-            scanned := scanned + 1;
-            EXIT WHEN scanned > p_scan_limit;
-            gate := candidate.lane || '/' || candidate.key;
-            project_gate := '/project/' || candidate.project;
-            CONTINUE WHEN gate = ANY(gated) OR project_gate = ANY(gated);
-            IF candidate.lane <> 'fast_lane' AND (any_policy OR any_concurrency) THEN
-                max_running := NULL;
-                rate := NULL;
-                IF any_policy THEN
-                    SELECT coalesce(own.max_running, lane_default.max_running),
-                           coalesce(own.rate, lane_default.rate),
-                           coalesce(own.rate_burst, lane_default.rate_burst, 1)
-                    INTO max_running, rate, rate_burst
-                    FROM (SELECT) AS one
-                    LEFT JOIN key_policies own
-                        ON own.lane = candidate.lane AND own.key = candidate.key
-                    LEFT JOIN key_policies lane_default
-                        ON lane_default.lane = candidate.lane AND lane_default.key = '*';
-                END IF;
-                IF max_running IS NOT NULL THEN
-                    IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.key/' || gate, 0)) THEN
-                        gated := gated || gate;
-                        CONTINUE;
-                    END IF;
-                    SELECT count(*) INTO in_flight FROM runs
-                    WHERE lane = candidate.lane AND key = candidate.key AND state = 'running';
-                    IF in_flight + coalesce((taken ->> gate)::integer, 0) >= max_running THEN
-                        gated := gated || gate;
-                        CONTINUE;
-                    END IF;
-                END IF;
-                cap := NULL;
-                IF any_concurrency THEN
-                    SELECT concurrency INTO cap FROM projects WHERE id = candidate.project;
-                END IF;
-                IF cap IS NOT NULL THEN
-                    IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.project/' || candidate.project, 0)) THEN
-                        gated := gated || project_gate;
-                        CONTINUE;
-                    END IF;
-                    SELECT count(*) INTO in_flight FROM runs
-                    WHERE project = candidate.project AND lane <> 'fast_lane' AND state = 'running';
-                    IF in_flight + coalesce((taken ->> project_gate)::integer, 0) >= cap THEN
-                        gated := gated || project_gate;
-                        CONTINUE;
-                    END IF;
-                END IF;
-                IF rate IS NOT NULL THEN
-                    -- GCRA per key; the row lock serializes claimers of the same key.
-                    INSERT INTO key_rates AS r (lane, key, tat)
-                    VALUES (candidate.lane, candidate.key,
-                            now() + make_interval(secs => 1.0 / rate))
-                    ON CONFLICT (lane, key) DO UPDATE
-                    SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / rate)
-                    WHERE greatest(r.tat, now())
-                          <= now() + make_interval(secs => (rate_burst - 1) / rate)
-                    RETURNING r.tat INTO tat;
-                    IF NOT FOUND THEN
-                        gated := gated || gate;
-                        CONTINUE;
-                    END IF;
-                END IF;
-                taken := taken
-                    || jsonb_build_object(gate, coalesce((taken ->> gate)::integer, 0) + 1)
-                    || jsonb_build_object(project_gate, coalesce((taken ->> project_gate)::integer, 0) + 1);
+    IF NOT (any_policy OR any_concurrency) THEN
+        -- Nothing to gate: one set-based statement. named: an ordered probe per named
+        -- lane, in chain order (the nested loop asks the next lane only when the ones
+        -- before it ran short); rest: with `*`, every other lane.
+        WITH named AS (
+            SELECT probe.id
+            FROM unnest(p_lanes) WITH ORDINALITY AS chain(lane, position)
+            CROSS JOIN LATERAL (
+                SELECT runs.id FROM runs
+                WHERE runs.lane = chain.lane AND runs.state = 'available'
+                ORDER BY runs.rank, runs.id
+                LIMIT p_demand
+                FOR UPDATE SKIP LOCKED
+            ) AS probe
+            LIMIT p_demand
+        ),
+        rest AS (
+            SELECT runs.id FROM runs
+            WHERE p_wildcard AND runs.state = 'available' AND runs.lane <> ALL(p_lanes)
+            ORDER BY runs.rank, runs.id
+            LIMIT p_demand - (SELECT count(*) FROM named)
+            FOR UPDATE SKIP LOCKED
+        )
+        SELECT ARRAY(SELECT id FROM named UNION ALL SELECT id FROM rest) INTO picked;
+    ELSE
+        FOR source IN 1 .. sources LOOP
+            IF source <= cardinality(p_lanes) THEN
+                OPEN candidates FOR
+                    SELECT id, lane, key, project FROM runs
+                    WHERE lane = p_lanes[source] AND state = 'available'
+                    ORDER BY rank, id
+                    FOR UPDATE SKIP LOCKED;
+            ELSE
+                OPEN candidates FOR
+                    SELECT id, lane, key, project FROM runs
+                    WHERE lane <> ALL(p_lanes) AND state = 'available'
+                    ORDER BY rank, id
+                    FOR UPDATE SKIP LOCKED;
             END IF;
-            picked := picked || candidate.id;
-            EXIT WHEN cardinality(picked) >= p_demand;
+            LOOP
+                FETCH candidates INTO candidate;
+                EXIT WHEN NOT FOUND;
+                scanned := scanned + 1;
+                EXIT WHEN scanned > p_scan_limit;
+                gate := candidate.lane || '/' || candidate.key;
+                project_gate := '/project/' || candidate.project;
+                CONTINUE WHEN gate = ANY(gated) OR project_gate = ANY(gated);
+                IF candidate.lane <> 'fast_lane' THEN
+                    max_running := NULL;
+                    rate := NULL;
+                    IF any_policy THEN
+                        SELECT coalesce(own.max_running, lane_default.max_running),
+                               coalesce(own.rate, lane_default.rate),
+                               coalesce(own.rate_burst, lane_default.rate_burst, 1)
+                        INTO max_running, rate, rate_burst
+                        FROM (SELECT) AS one
+                        LEFT JOIN key_policies own
+                            ON own.lane = candidate.lane AND own.key = candidate.key
+                        LEFT JOIN key_policies lane_default
+                            ON lane_default.lane = candidate.lane AND lane_default.key = '*';
+                    END IF;
+                    IF max_running IS NOT NULL THEN
+                        IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.key/' || gate, 0)) THEN
+                            gated := gated || gate;
+                            CONTINUE;
+                        END IF;
+                        SELECT count(*) INTO in_flight FROM runs
+                        WHERE lane = candidate.lane AND key = candidate.key AND state = 'running';
+                        IF in_flight + coalesce((taken ->> gate)::integer, 0) >= max_running THEN
+                            gated := gated || gate;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    cap := NULL;
+                    IF any_concurrency THEN
+                        SELECT concurrency INTO cap FROM projects WHERE id = candidate.project;
+                    END IF;
+                    IF cap IS NOT NULL THEN
+                        IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.project/' || candidate.project, 0)) THEN
+                            gated := gated || project_gate;
+                            CONTINUE;
+                        END IF;
+                        SELECT count(*) INTO in_flight FROM runs
+                        WHERE project = candidate.project AND lane <> 'fast_lane' AND state = 'running';
+                        IF in_flight + coalesce((taken ->> project_gate)::integer, 0) >= cap THEN
+                            gated := gated || project_gate;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    IF rate IS NOT NULL THEN
+                        -- GCRA per key; the row lock serializes claimers of the same key.
+                        INSERT INTO key_rates AS r (lane, key, tat)
+                        VALUES (candidate.lane, candidate.key,
+                                now() + make_interval(secs => 1.0 / rate))
+                        ON CONFLICT (lane, key) DO UPDATE
+                        SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / rate)
+                        WHERE greatest(r.tat, now())
+                              <= now() + make_interval(secs => (rate_burst - 1) / rate)
+                        RETURNING r.tat INTO tat;
+                        IF NOT FOUND THEN
+                            gated := gated || gate;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    taken := taken
+                        || jsonb_build_object(gate, coalesce((taken ->> gate)::integer, 0) + 1)
+                        || jsonb_build_object(project_gate, coalesce((taken ->> project_gate)::integer, 0) + 1);
+                END IF;
+                picked := picked || candidate.id;
+                EXIT WHEN cardinality(picked) >= p_demand;
+            END LOOP;
+            CLOSE candidates;
+            EXIT WHEN scanned > p_scan_limit OR cardinality(picked) >= p_demand;
         END LOOP;
-        CLOSE candidates;
-        EXIT WHEN scanned > p_scan_limit OR cardinality(picked) >= p_demand;
-    END LOOP;
+    END IF;
 
     RETURN QUERY
         UPDATE runs

@@ -1,5 +1,5 @@
 -- Return the runs whose lease ran out (their worker died or hung) to 'available', the
--- attempt counted, or discard them when no attempt is left (runs_leases).
+-- attempt counted, or discard them when no attempt is left (runs_running).
 -- The state guard and SKIP LOCKED make each run rescued once, even with several
 -- rescuers; a late completion by the lost worker is then a no-op (complete_runs).
 WITH expired AS (
