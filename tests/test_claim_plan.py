@@ -41,6 +41,7 @@ def claim_plans(sql: psycopg.Connection, lanes: list[str], wildcard: bool) -> li
         "workloop": 0,
         "lease_seconds": 30.0,
         "scan_limit": 500,
+        "head_scan": 64,
     }
     with sql.transaction(force_rollback=True):
         claimed = sql.execute(query("claim_runs"), params).fetchall()

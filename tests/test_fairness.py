@@ -200,12 +200,6 @@ async def test_killed_worker_gives_back_exactly_its_places_of_a_capped_key(
     assert stop_worker(second) == 0
 
 
-@pytest.mark.xfail(
-    reason="known engine bug: a capped key's backlog sits at the head of the claim order,"
-    " and once another key is more than the claim's scan limit (500 rows) ahead of it,"
-    " claims find nothing and that key moves only as fast as the capped one",
-    strict=True,
-)
 async def test_capped_keys_backlog_does_not_hold_back_other_keys(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:
@@ -312,12 +306,6 @@ async def test_cold_keys_are_served_before_a_hot_keys_backlog(
     assert last < 1_000 + 100, last
 
 
-@pytest.mark.xfail(
-    reason="known engine bug: key_clock's floor is the head's rank, which includes the"
-    " head's priority offset, so in a lane whose runs all have priority p a cold key"
-    " lands 64 * p turns behind the head instead of next in line",
-    strict=True,
-)
 async def test_cold_key_is_next_in_line_when_every_run_has_the_same_priority(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:

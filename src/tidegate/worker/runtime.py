@@ -48,6 +48,8 @@ log = logging.getLogger("tidegate.worker")
 
 CLAIM_SCAN_LIMIT = 500
 """Candidates a claim looks at, at most, past runs of keys at their limits."""
+CLAIM_HEAD_SCAN = 64
+"""Candidates a claim looks at at the head of a lane before it jumps to the frontier."""
 
 
 class Workloop(Service):
@@ -70,6 +72,7 @@ class Workloop(Service):
             "workloop": index,
             "lease_seconds": worker.settings.lease_seconds,
             "scan_limit": CLAIM_SCAN_LIMIT,
+            "head_scan": CLAIM_HEAD_SCAN,
         }
 
     @property

@@ -45,10 +45,10 @@ CREATE INDEX runs_claim_any ON runs (priority, scheduled_at, id)
 -- The stager: scheduled runs that have come due.
 CREATE INDEX runs_due ON runs (scheduled_at) WHERE state = 'scheduled';
 
--- Runs in flight: a few per worker slot. The rescuer scans it for leases that ran out;
--- per-key and per-project limits count a key's runs in flight from it. One small index
--- for all three keeps a claim to as few index writes as it can be.
-CREATE INDEX runs_running ON runs (lane, key) WHERE state = 'running';
+-- Runs in flight: a few per worker slot. The rescuer scans it for leases that ran out,
+-- per-key and per-project limits count runs in flight from it, fairness reads a lane's
+-- frontier from it (0003). One small index for all keeps a claim's index writes few.
+CREATE INDEX runs_running ON runs (lane) WHERE state = 'running';
 
 -- The pruner: finished runs by age.
 CREATE INDEX runs_finished ON runs (completed_at)

@@ -2,7 +2,8 @@
 -- again, the interrupted attempt not counted, and their lanes woken.
 WITH released AS (
     UPDATE runs
-    SET state = 'available', attempt = attempt - 1, lease_expires_at = NULL
+    SET state = 'available', attempt = attempt - 1, lease_expires_at = NULL,
+        vtime = greatest(vtime, coalesce(lane_frontier(lane), vtime))
     WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running' AND worker_id = %(worker_id)s
     RETURNING lane
 ),

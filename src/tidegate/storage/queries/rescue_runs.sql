@@ -20,7 +20,9 @@ rescued AS (
             'error', 'lease expired: worker ' || coalesce(runs.worker_id, '?')
                      || ' stopped renewing it'
         )),
-        lease_expires_at = NULL
+        lease_expires_at = NULL,
+        -- Back in line where claiming has got to, not behind its key's whole backlog.
+        vtime = greatest(runs.vtime, coalesce(lane_frontier(runs.lane), runs.vtime))
     FROM expired WHERE runs.id = expired.id
     RETURNING runs.id, runs.lane, runs.state
 ),
