@@ -30,6 +30,9 @@ CREATE TABLE key_policies (
     CONSTRAINT key_policies_rate_burst_range CHECK (rate_burst >= 1)
 );
 
+-- Whether any project has a concurrency limit, in one probe however many projects.
+CREATE INDEX projects_with_concurrency ON projects (id) WHERE concurrency IS NOT NULL;
+
 -- Each key's rate state (GCRA: the theoretical arrival time of its next start).
 CREATE TABLE key_rates (
     lane text        NOT NULL,
@@ -102,7 +105,8 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- Claim up to p_demand runs for one workloop, following its lane chain, with every
--- key's limits enforced in the same transaction.
+-- key's limits enforced in the same transaction. (Where no limits are set anywhere, the
+-- claim statement, queries/claim_runs.sql, takes runs in one set-based step instead.)
 --
 -- Sources in chain order: each named lane, then (with `*`) every other lane; each is
 -- one ordered scan of its index, locking rows as it reads them (SKIP LOCKED: claimers
@@ -151,168 +155,141 @@ DECLARE
     in_flight integer;
     cap integer;
     tat timestamptz;
-    -- The common case, no limits anywhere, skips the per-candidate lookups.
     any_policy boolean := EXISTS (SELECT 1 FROM key_policies);
     any_concurrency boolean := EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL);
 BEGIN
-    IF NOT (any_policy OR any_concurrency) THEN
-        -- Nothing to gate: one set-based statement. named: an ordered probe per named
-        -- lane, in chain order (the nested loop asks the next lane only when the ones
-        -- before it ran short); rest: with `*`, every other lane.
-        WITH named AS (
-            SELECT probe.id
-            FROM unnest(p_lanes) WITH ORDINALITY AS chain(lane, position)
-            CROSS JOIN LATERAL (
-                SELECT runs.id FROM runs
-                WHERE runs.lane = chain.lane AND runs.state = 'available'
-                ORDER BY runs.rank, runs.id
-                LIMIT p_demand
-                FOR UPDATE SKIP LOCKED
-            ) AS probe
-            LIMIT p_demand
-        ),
-        rest AS (
-            SELECT runs.id FROM runs
-            WHERE p_wildcard AND runs.state = 'available' AND runs.lane <> ALL(p_lanes)
-            ORDER BY runs.rank, runs.id
-            LIMIT p_demand - (SELECT count(*) FROM named)
-            FOR UPDATE SKIP LOCKED
-        )
-        SELECT ARRAY(SELECT id FROM named UNION ALL SELECT id FROM rest) INTO picked;
-    ELSE
-        FOR source IN 1 .. sources LOOP
-            -- Phase 1 reads the head of the order, where keys that were at their limits
-            -- wait; phase 2 goes on from the lane's frontier, past whatever gated backlog
-            -- the head holds, so a capped key's runs never hold up the keys behind them.
-            FOR phase IN 1 .. 2 LOOP
+    FOR source IN 1 .. sources LOOP
+        -- Phase 1 reads the head of the order, where keys that were at their limits
+        -- wait; phase 2 goes on from the lane's frontier, past whatever gated backlog
+        -- the head holds, so a capped key's runs never hold up the keys behind them.
+        FOR phase IN 1 .. 2 LOOP
+            IF phase = 1 THEN
+                head_scanned := 0;
+            ELSE
+                EXIT WHEN head_scanned < p_head_scan OR cardinality(picked) >= p_demand;
+                IF source <= cardinality(p_lanes) THEN
+                    frontier := lane_frontier(p_lanes[source]);
+                ELSE
+                    SELECT min(lane_frontier(lane)) INTO frontier
+                    FROM (SELECT DISTINCT lane FROM runs WHERE state = 'running') AS busy
+                    WHERE lane <> ALL(p_lanes);
+                END IF;
+            END IF;
+            IF source <= cardinality(p_lanes) AND phase = 1 THEN
+                OPEN candidates FOR
+                    SELECT id, lane, key, project, rank FROM runs
+                    WHERE lane = p_lanes[source] AND state = 'available'
+                    ORDER BY rank, id
+                    FOR UPDATE SKIP LOCKED;
+            ELSIF source <= cardinality(p_lanes) THEN
+                OPEN candidates FOR
+                    SELECT id, lane, key, project, rank FROM runs
+                    WHERE lane = p_lanes[source] AND state = 'available'
+                      AND (rank, id) > (last_rank, last_id)
+                      AND rank >= coalesce(frontier, '-infinity')
+                    ORDER BY rank, id
+                    FOR UPDATE SKIP LOCKED;
+            ELSIF phase = 1 THEN
+                OPEN candidates FOR
+                    SELECT id, lane, key, project, rank FROM runs
+                    WHERE lane <> ALL(p_lanes) AND state = 'available'
+                    ORDER BY rank, id
+                    FOR UPDATE SKIP LOCKED;
+            ELSE
+                OPEN candidates FOR
+                    SELECT id, lane, key, project, rank FROM runs
+                    WHERE lane <> ALL(p_lanes) AND state = 'available'
+                      AND (rank, id) > (last_rank, last_id)
+                      AND rank >= coalesce(frontier, '-infinity')
+                    ORDER BY rank, id
+                    FOR UPDATE SKIP LOCKED;
+            END IF;
+            LOOP
+                FETCH candidates INTO candidate;
+                EXIT WHEN NOT FOUND;
                 IF phase = 1 THEN
-                    head_scanned := 0;
-                ELSE
-                    EXIT WHEN head_scanned < p_head_scan OR cardinality(picked) >= p_demand;
-                    IF source <= cardinality(p_lanes) THEN
-                        frontier := lane_frontier(p_lanes[source]);
-                    ELSE
-                        SELECT min(lane_frontier(lane)) INTO frontier
-                        FROM (SELECT DISTINCT lane FROM runs WHERE state = 'running') AS busy
-                        WHERE lane <> ALL(p_lanes);
-                    END IF;
+                    EXIT WHEN head_scanned = p_head_scan;
+                    head_scanned := head_scanned + 1;
+                    last_rank := candidate.rank;
+                    last_id := candidate.id;
                 END IF;
-                IF source <= cardinality(p_lanes) AND phase = 1 THEN
-                    OPEN candidates FOR
-                        SELECT id, lane, key, project, rank FROM runs
-                        WHERE lane = p_lanes[source] AND state = 'available'
-                        ORDER BY rank, id
-                        FOR UPDATE SKIP LOCKED;
-                ELSIF source <= cardinality(p_lanes) THEN
-                    OPEN candidates FOR
-                        SELECT id, lane, key, project, rank FROM runs
-                        WHERE lane = p_lanes[source] AND state = 'available'
-                          AND (rank, id) > (last_rank, last_id)
-                          AND rank >= coalesce(frontier, '-infinity')
-                        ORDER BY rank, id
-                        FOR UPDATE SKIP LOCKED;
-                ELSIF phase = 1 THEN
-                    OPEN candidates FOR
-                        SELECT id, lane, key, project, rank FROM runs
-                        WHERE lane <> ALL(p_lanes) AND state = 'available'
-                        ORDER BY rank, id
-                        FOR UPDATE SKIP LOCKED;
-                ELSE
-                    OPEN candidates FOR
-                        SELECT id, lane, key, project, rank FROM runs
-                        WHERE lane <> ALL(p_lanes) AND state = 'available'
-                          AND (rank, id) > (last_rank, last_id)
-                          AND rank >= coalesce(frontier, '-infinity')
-                        ORDER BY rank, id
-                        FOR UPDATE SKIP LOCKED;
+                scanned := scanned + 1;
+                EXIT WHEN scanned > p_scan_limit;
+                gate := candidate.lane || '/' || candidate.key;
+                project_gate := '/project/' || candidate.project;
+                CONTINUE WHEN gate = ANY(gated) OR project_gate = ANY(gated);
+                IF candidate.lane <> 'fast_lane' THEN
+                    max_running := NULL;
+                    rate := NULL;
+                    IF any_policy THEN
+                        SELECT coalesce(own.max_running, lane_default.max_running),
+                               coalesce(own.rate, lane_default.rate),
+                               coalesce(own.rate_burst, lane_default.rate_burst, 1)
+                        INTO max_running, rate, rate_burst
+                        FROM (SELECT) AS one
+                        LEFT JOIN key_policies own
+                            ON own.lane = candidate.lane AND own.key = candidate.key
+                        LEFT JOIN key_policies lane_default
+                            ON lane_default.lane = candidate.lane AND lane_default.key = '*';
+                    END IF;
+                    IF max_running IS NOT NULL THEN
+                        IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.key/' || gate, 0)) THEN
+                            gated := gated || gate;
+                            CONTINUE;
+                        END IF;
+                        SELECT count(*) INTO in_flight FROM runs
+                        WHERE lane = candidate.lane AND key = candidate.key AND state = 'running';
+                        IF in_flight + coalesce((taken ->> gate)::integer, 0) >= max_running THEN
+                            gated := gated || gate;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    cap := NULL;
+                    IF any_concurrency THEN
+                        SELECT concurrency INTO cap FROM projects WHERE id = candidate.project;
+                    END IF;
+                    IF cap IS NOT NULL THEN
+                        IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.project/' || candidate.project, 0)) THEN
+                            gated := gated || project_gate;
+                            CONTINUE;
+                        END IF;
+                        SELECT count(*) INTO in_flight FROM runs
+                        WHERE project = candidate.project AND lane <> 'fast_lane' AND state = 'running';
+                        IF in_flight + coalesce((taken ->> project_gate)::integer, 0) >= cap THEN
+                            gated := gated || project_gate;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    IF rate IS NOT NULL THEN
+                        -- GCRA per key; the row lock serializes claimers of the same key.
+                        INSERT INTO key_rates AS r (lane, key, tat)
+                        VALUES (candidate.lane, candidate.key,
+                                now() + make_interval(secs => 1.0 / rate))
+                        ON CONFLICT (lane, key) DO UPDATE
+                        SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / rate)
+                        WHERE greatest(r.tat, now())
+                              <= now() + make_interval(secs => (rate_burst - 1) / rate)
+                        RETURNING r.tat INTO tat;
+                        IF NOT FOUND THEN
+                            gated := gated || gate;
+                            CONTINUE;
+                        END IF;
+                    END IF;
+                    taken := taken
+                        || jsonb_build_object(gate, coalesce((taken ->> gate)::integer, 0) + 1)
+                        || jsonb_build_object(project_gate, coalesce((taken ->> project_gate)::integer, 0) + 1);
                 END IF;
-                LOOP
-                    FETCH candidates INTO candidate;
-                    EXIT WHEN NOT FOUND;
-                    IF phase = 1 THEN
-                        EXIT WHEN head_scanned = p_head_scan;
-                        head_scanned := head_scanned + 1;
-                        last_rank := candidate.rank;
-                        last_id := candidate.id;
-                    END IF;
-                    scanned := scanned + 1;
-                    EXIT WHEN scanned > p_scan_limit;
-                    gate := candidate.lane || '/' || candidate.key;
-                    project_gate := '/project/' || candidate.project;
-                    CONTINUE WHEN gate = ANY(gated) OR project_gate = ANY(gated);
-                    IF candidate.lane <> 'fast_lane' THEN
-                        max_running := NULL;
-                        rate := NULL;
-                        IF any_policy THEN
-                            SELECT coalesce(own.max_running, lane_default.max_running),
-                                   coalesce(own.rate, lane_default.rate),
-                                   coalesce(own.rate_burst, lane_default.rate_burst, 1)
-                            INTO max_running, rate, rate_burst
-                            FROM (SELECT) AS one
-                            LEFT JOIN key_policies own
-                                ON own.lane = candidate.lane AND own.key = candidate.key
-                            LEFT JOIN key_policies lane_default
-                                ON lane_default.lane = candidate.lane AND lane_default.key = '*';
-                        END IF;
-                        IF max_running IS NOT NULL THEN
-                            IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.key/' || gate, 0)) THEN
-                                gated := gated || gate;
-                                CONTINUE;
-                            END IF;
-                            SELECT count(*) INTO in_flight FROM runs
-                            WHERE lane = candidate.lane AND key = candidate.key AND state = 'running';
-                            IF in_flight + coalesce((taken ->> gate)::integer, 0) >= max_running THEN
-                                gated := gated || gate;
-                                CONTINUE;
-                            END IF;
-                        END IF;
-                        cap := NULL;
-                        IF any_concurrency THEN
-                            SELECT concurrency INTO cap FROM projects WHERE id = candidate.project;
-                        END IF;
-                        IF cap IS NOT NULL THEN
-                            IF NOT pg_try_advisory_xact_lock(hashtextextended('tidegate.project/' || candidate.project, 0)) THEN
-                                gated := gated || project_gate;
-                                CONTINUE;
-                            END IF;
-                            SELECT count(*) INTO in_flight FROM runs
-                            WHERE project = candidate.project AND lane <> 'fast_lane' AND state = 'running';
-                            IF in_flight + coalesce((taken ->> project_gate)::integer, 0) >= cap THEN
-                                gated := gated || project_gate;
-                                CONTINUE;
-                            END IF;
-                        END IF;
-                        IF rate IS NOT NULL THEN
-                            -- GCRA per key; the row lock serializes claimers of the same key.
-                            INSERT INTO key_rates AS r (lane, key, tat)
-                            VALUES (candidate.lane, candidate.key,
-                                    now() + make_interval(secs => 1.0 / rate))
-                            ON CONFLICT (lane, key) DO UPDATE
-                            SET tat = greatest(r.tat, now()) + make_interval(secs => 1.0 / rate)
-                            WHERE greatest(r.tat, now())
-                                  <= now() + make_interval(secs => (rate_burst - 1) / rate)
-                            RETURNING r.tat INTO tat;
-                            IF NOT FOUND THEN
-                                gated := gated || gate;
-                                CONTINUE;
-                            END IF;
-                        END IF;
-                        taken := taken
-                            || jsonb_build_object(gate, coalesce((taken ->> gate)::integer, 0) + 1)
-                            || jsonb_build_object(project_gate, coalesce((taken ->> project_gate)::integer, 0) + 1);
-                    END IF;
-                    picked := picked || candidate.id;
-                    EXIT WHEN cardinality(picked) >= p_demand;
-                END LOOP;
-                CLOSE candidates;
-                EXIT WHEN scanned > p_scan_limit OR cardinality(picked) >= p_demand;
+                picked := picked || candidate.id;
+                EXIT WHEN cardinality(picked) >= p_demand;
             END LOOP;
+            CLOSE candidates;
             EXIT WHEN scanned > p_scan_limit OR cardinality(picked) >= p_demand;
         END LOOP;
-        INSERT INTO lane_clocks AS c (lane, frontier)
-        SELECT lane, max(vtime) FROM runs WHERE id = ANY(picked) GROUP BY lane
-        ON CONFLICT (lane) DO UPDATE SET frontier = greatest(c.frontier, excluded.frontier);
-    END IF;
+        EXIT WHEN scanned > p_scan_limit OR cardinality(picked) >= p_demand;
+    END LOOP;
+    INSERT INTO lane_clocks AS c (lane, frontier)
+    SELECT lane, max(vtime) FROM runs WHERE id = ANY(picked) GROUP BY lane
+    ON CONFLICT (lane) DO UPDATE SET frontier = greatest(c.frontier, excluded.frontier);
 
     RETURN QUERY
         UPDATE runs
