@@ -43,6 +43,8 @@ def test_migrate_then_enqueue_then_list_and_show(env: dict[str, str]) -> None:
         3,
         {"a": 1},
     )
+    code, out = invoke(env, "enqueue", "echo")
+    assert code == 0 and json.loads(out)["lane"] == "manual"  # a run started by hand
     code, out = invoke(env, "runs", "--state", "available")
     assert code == 0 and "echo" in out and "manual" in out
     code, out = invoke(env, "runs", str(run["id"]))

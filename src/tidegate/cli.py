@@ -122,7 +122,9 @@ def migrate(ctx: click.Context) -> None:
 @click.argument("task")
 @click.option("--args", "args_json", default="{}", help="The run's args, a JSON object.")
 @click.option("--project", default="default", show_default=True)
-@click.option("--lane", help="Lane (default: the task's, else 'default').")
+@click.option(
+    "--lane", default="manual", show_default=True, help="Lane: a run started by hand is 'manual'."
+)
 @click.option("--key", help="Concurrency/fairness key (default: the project).")
 @click.option("--priority", type=click.IntRange(0, 9), help="0 runs first.")
 @click.option("--delay", type=float, help="Seconds from now before the run is due.")
