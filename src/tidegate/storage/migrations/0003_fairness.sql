@@ -50,6 +50,12 @@ DROP INDEX runs_claim_any;
 -- The claim of a named lane, and the lane's floor (its first entry).
 CREATE INDEX runs_claim_lane ON runs (lane, rank, id) WHERE state = 'available';
 
+-- Where the table holds one lane, ANALYZE finds one distinct value and the planner
+-- expects `lane = $1` to match every row: the probe of a named lane then takes
+-- runs_claim_any and filters it, reading the whole backlog to find an empty lane empty.
+-- A fixed estimate of many lanes keeps the probe on runs_claim_lane.
+ALTER TABLE runs ALTER COLUMN lane SET (n_distinct = 100);
+
 -- The claim of `*`: every lane not named before it.
 CREATE INDEX runs_claim_any ON runs (rank, id) WHERE state = 'available';
 
