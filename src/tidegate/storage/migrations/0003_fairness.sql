@@ -138,6 +138,10 @@ CREATE FUNCTION claim_runs(
     p_scan_limit integer,
     p_head_scan integer
 ) RETURNS SETOF runs
+-- The candidate cursors have no LIMIT, so on a large backlog their estimated cost
+-- crosses jit_above_cost, and compiling them cost more than the whole claim (measured
+-- 5 ms per claim at 1,000,000 runs on PostgreSQL 15).
+SET jit = off
 LANGUAGE plpgsql AS $$
 DECLARE
     sources integer := cardinality(p_lanes) + p_wildcard::integer;
