@@ -9,14 +9,19 @@ its last log lines in the error.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
+import json
 import os
 import platform
+import re
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -344,3 +349,82 @@ def code_info() -> dict[str, Any]:
         info["src_modified"] = bool(changed)
     info["src_sha256"] = source_digest(tidegate_dir())
     return info
+
+
+# -- results, docs and the code measured -------------------------------------------------
+
+
+RESULTS = ROOT / "bench" / "results"
+DOCS = ROOT / "docs" / "benchmarks.md"
+EMBEDDED_DATA_DIR = ROOT / ".tidegate" / "bench"
+SNAPSHOT_ENV = "BENCH_TIDEGATE_SNAPSHOT"
+"""Set in a run that re-executed itself on a copy of ``src/tidegate`` (``--snapshot``)."""
+CODE_ENV = "BENCH_TIDEGATE_CODE"
+
+
+def redact(url: str) -> str:
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def write_results(result: dict[str, Any], path: Path) -> None:
+    """Write JSON through a temporary file, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    tmp.replace(path)
+
+
+def write_between(docs: Path, name: str, body: str) -> None:
+    """Replace the text between the ``bench:NAME`` markers of ``docs`` with ``body``.
+
+    The file is read just before it is written, so edits made to the rest of it
+    meanwhile are kept.
+    """
+    begin, end = f"<!-- bench:{name}:begin -->", f"<!-- bench:{name}:end -->"
+    text = docs.read_text()
+    if begin not in text or end not in text:
+        raise BenchError(f"{docs} lacks the markers {begin} ... {end}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    tmp = docs.with_suffix(".md.tmp")
+    tmp.write_text(f"{head}{begin}\n\n{body}\n{end}{tail}")
+    tmp.replace(docs)
+
+
+def code_measured() -> dict[str, Any]:
+    """The code under test: as ``--snapshot`` recorded it, else the tree's."""
+    return json.loads(os.environ[CODE_ENV]) if CODE_ENV in os.environ else code_info()
+
+
+def reexec_on_snapshot(module: str, argv: list[str]) -> None:
+    """Copy ``src/tidegate`` aside and run ``python -m module argv`` on it (never returns).
+
+    The copy goes first on ``PYTHONPATH``, so the new process and every process it
+    starts import it rather than the working tree: edits made while a benchmark runs
+    cannot mix two versions of the code in one run. The copy is removed at the end.
+    """
+    code = code_info()
+    snapshot = Path(tempfile.mkdtemp(prefix="tidegate-bench-src-"))
+    shutil.copytree(
+        ROOT / "src" / "tidegate",
+        snapshot / "tidegate",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    code["src_sha256"] = source_digest(snapshot / "tidegate")
+    code["snapshot"] = True
+    path = [str(snapshot), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, path)),
+        SNAPSHOT_ENV: str(snapshot),
+        CODE_ENV: json.dumps(code),
+    }
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+
+
+def cleanup_snapshot() -> None:
+    """In a re-executed run, remove the snapshot when the process exits."""
+    if SNAPSHOT_ENV in os.environ:
+        atexit.register(shutil.rmtree, os.environ[SNAPSHOT_ENV], ignore_errors=True)

@@ -74,18 +74,15 @@ if "sniffio" not in sys.modules and importlib.util.find_spec("sniffio") is None:
 
 import argparse
 import asyncio
-import atexit
 import collections
 import dataclasses
 import json
 import os
 import random
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -97,33 +94,38 @@ import httpx
 import psycopg
 
 from bench.harness import (
+    DOCS,
+    EMBEDDED_DATA_DIR,
+    RESULTS,
     ROOT,
+    SNAPSHOT_ENV,
     BenchError,
     WorkerProcess,
     child_env,
-    code_info,
+    cleanup_snapshot,
+    code_measured,
     fresh_schema,
     machine_info,
     paced,
     percentiles,
     python_module,
+    redact,
+    reexec_on_snapshot,
     schema_conninfo,
     server_info,
     source_digest,
     spread,
     tidegate_dir,
+    write_between,
+    write_results,
 )
-from bench.run import EMBEDDED_DATA_DIR, RESULTS, redact, write_results
-from bench.tidegate_side import READY as WORKER_READY
-from bench.tidegate_side import open_app
+from tidegate import Settings, Tidegate
 from tidegate.storage.sql import query
 
 T = TypeVar("T")
 
-DOCS = ROOT / "docs" / "benchmarks.md"
-BEGIN, END = "<!-- bench:http:begin -->", "<!-- bench:http:end -->"
-SNAPSHOT_ENV = "BENCH_HTTP_TIDEGATE_SNAPSHOT"
-CODE_ENV = "BENCH_HTTP_TIDEGATE_CODE"
+WORKER_READY = " started: "
+"""What tidegate's worker logs once it listens and its workloops claim."""
 
 ADMIN_TOKEN = "tga_bench-http-super-admin"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -198,6 +200,12 @@ SMOKE = Options(
 
 
 # -- processes ---------------------------------------------------------------------------
+
+
+def migrate(url: str, schema: str) -> None:
+    """Bring ``schema`` to tidegate's current version."""
+    with Tidegate(settings=Settings(database_url=url, schema=schema)) as app:
+        app.migrate()
 
 
 def free_port() -> int:
@@ -769,7 +777,7 @@ def ms(values: Iterable[float]) -> dict[str, float]:
 def measure_sync(url: str, options: Options) -> tuple[dict[str, Any], dict[str, Any]]:
     """One API process and one worker: steady sync load, burst, then admission calls."""
     with fresh_schema(url, "http") as schema:
-        open_app(url, schema).close()  # migrated
+        migrate(url, schema)
         with start_worker(url, schema) as worker, ApiServer(url, schema, 1) as api:
             meter = CpuMeter(
                 {
@@ -1065,7 +1073,7 @@ def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
 def measure_cap(url: str, options: Options) -> dict[str, Any]:
     """A burst of retrying clients against a capped project on several API processes."""
     with fresh_schema(url, "http") as schema:
-        open_app(url, schema).close()
+        migrate(url, schema)
         with (
             start_worker(url, schema) as worker,
             ApiServer(url, schema, options.cap_api_processes) as api,
@@ -1181,7 +1189,7 @@ def measure_ingest(url: str, options: Options, raw_first: bool) -> dict[str, Any
 def _ingest_http(url: str, options: Options) -> dict[str, Any]:
     """Async webhooks on ``ingest_api_processes``: httpx clients, then plain ones."""
     with fresh_schema(url, "http") as schema:
-        open_app(url, schema).close()
+        migrate(url, schema)
         with ApiServer(url, schema, options.ingest_api_processes) as api:
             meter = CpuMeter(
                 {"client": client_group(), "api": api.pids, "postgres": server_pids(url)}
@@ -1301,7 +1309,7 @@ VALUES (%(project)s, %(trigger_id)s, %(run_id)s, NULL, 'application/json', %(hea
 def _ingest_raw(url: str, options: Options) -> dict[str, Any]:
     """The same two rows per webhook, two single-row INSERTs in one transaction each."""
     with fresh_schema(url, "http") as schema:
-        open_app(url, schema).close()
+        migrate(url, schema)
         conninfo = schema_conninfo(url, schema)
         meter = CpuMeter({"client": client_group(), "postgres": server_pids(url)})
         seconds, cpu = run_async(_ingest_raw_async(conninfo, options, meter))
@@ -1386,7 +1394,7 @@ def run_benchmark(
         "embedded": embedded,
         "machine": machine_info(),
         "server": server_info(url),
-        "code": json.loads(os.environ[CODE_ENV]) if CODE_ENV in os.environ else code_info(),
+        "code": code_measured(),
         "processes": {"api": "python -m tidegate serve --role api", "worker": WORKER_APP},
         "workloops": WORKLOOPS,
         "repetitions": [],
@@ -1709,23 +1717,11 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_docs(results_dir: Path = RESULTS, docs: Path = DOCS) -> None:
-    """Render every ``http-postgres*.json`` between this benchmark's markers in ``docs``.
-
-    Only the text between the markers changes; the file is read just before it is
-    written, so edits made to the rest of it meanwhile are kept.
-    """
-    found = [json.loads(p.read_text()) for p in sorted(results_dir.glob("http-postgres*.json"))]
+def write_docs() -> None:
+    """Render every ``http-postgres*.json`` between the ``bench:http`` markers of the docs."""
+    found = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("http-postgres*.json"))]
     found.sort(key=lambda r: (-r["server"]["major"], not r.get("embedded")))
-    body = "\n".join(render(r) for r in found)
-    text = docs.read_text()
-    if BEGIN not in text or END not in text:
-        raise BenchError(f"{docs} lacks the markers {BEGIN} ... {END}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    tmp = docs.with_suffix(".md.tmp")
-    tmp.write_text(f"{head}{BEGIN}\n\n{body}\n{END}{tail}")
-    tmp.replace(docs)
+    write_between(DOCS, "http", "\n".join(render(r) for r in found))
 
 
 def server_label(result: dict[str, Any]) -> str:
@@ -1787,36 +1783,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def reexec_on_snapshot(argv: list[str]) -> None:
-    """Copy ``src/tidegate`` aside and run this command again on the copy (never returns)."""
-    code = code_info()
-    snapshot = Path(tempfile.mkdtemp(prefix="tidegate-bench-http-src-"))
-    shutil.copytree(
-        ROOT / "src" / "tidegate",
-        snapshot / "tidegate",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    code["src_sha256"] = source_digest(snapshot / "tidegate")
-    code["snapshot"] = True
-    path = [str(snapshot), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, path)),
-        SNAPSHOT_ENV: str(snapshot),
-        CODE_ENV: json.dumps(code),
-    }
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "bench.http", *argv], env)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     if args.snapshot and SNAPSHOT_ENV not in os.environ:
-        reexec_on_snapshot(argv)
-    if SNAPSHOT_ENV in os.environ:
-        atexit.register(shutil.rmtree, os.environ[SNAPSHOT_ENV], ignore_errors=True)
+        reexec_on_snapshot("bench.http", argv)
+    cleanup_snapshot()
     url = args.database_url or os.environ.get("TIDEGATE_DATABASE_URL")
     embedded = not url
     if not url:

@@ -1,313 +1,463 @@
-"""Run tidegate's benchmark: tidegate against a minimal raw-SQL queue, one database.
+"""tidegate's benchmark: the same workloads on tidegate, the raw-SQL limit and the peers.
 
 ::
 
     python bench/run.py                       # embedded PostgreSQL 18 (or TIDEGATE_DATABASE_URL)
     python bench/run.py --database-url postgresql://postgres@127.0.0.1:5432/test
-    python bench/run.py --smoke               # a few hundred runs, once: does it all work?
-    python bench/run.py --write-docs          # also rewrite the figures in docs/benchmarks.md
+    python bench/run.py --smoke               # a few hundred jobs, tidegate and raw, once
+    python bench/run.py --write-docs          # also rewrite the tables in docs/benchmarks.md
 
-Three workloads, each on a fresh schema, each repeated (``--repeat``, default 3) with
-the two sides alternating who goes first; every figure is the median with min and max:
+Every system is measured through its adapter (``bench/systems``) by the same driver
+(``bench/driver.py``), in a process of its own started with the Python of its own
+environment (``bench/envs.py`` makes the peers' environments first), on a database
+created for that one measurement and dropped after it. Each workload is repeated
+(``--repeat``, default 3), the systems' order turning at every repetition; every figure
+is the median with min and max. A system that cannot be installed or whose measurement
+fails is reported with the reason, and the run goes on.
 
-1. batch enqueue: ``--runs`` runs in batches of ``--batch`` on one connection, runs/s;
-2. drain: ``--runs`` queued no-op runs worked off by one worker process with
-   ``--slots`` slots, runs/s from the first claim to the last completion (both read
-   from the table) after checking that every run completed exactly once;
-3. wake-up: an idle worker; ``--wakeup-runs`` runs enqueued ``--wakeup-interval-ms``
-   apart from this process; p50/p95/p99 of enqueue-to-handler-start, in ms.
+The workloads (``bench.driver``): ``enqueue`` (batches), ``drain`` (one worker process,
+concurrency 32), ``single`` (one job per transaction), ``wakeup`` (idle worker, jobs
+paced from another process), ``starvation`` (a hot tenant's backlog, cold tenants'
+jobs arriving after it); and ``webhook``, tidegate only, beside its raw floors: the
+sync round trip and the admission decision of ``python -m bench.http``.
 
 The results go to ``bench/results/latest.json`` and, per server,
-``bench/results/postgres<major>[-embedded].json``, which ``--write-docs`` renders into
-``docs/benchmarks.md`` (between its ``bench:results`` markers).
+``bench/results/postgres<major>[-embedded].json``; ``--write-docs`` renders them into
+``docs/benchmarks.md`` between its ``bench:results`` markers.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import dataclasses
 import json
 import os
-import re
 import shlex
-import shutil
-import statistics
+import subprocess
 import sys
-import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 if __package__ in (None, ""):  # run as ``python bench/run.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import raw, tidegate_side
+import psycopg
+from psycopg import sql
+
+from bench import envs
+from bench.driver import Options
 from bench.harness import (
+    DOCS,
+    EMBEDDED_DATA_DIR,
+    RESULTS,
     ROOT,
+    SNAPSHOT_ENV,
     BenchError,
-    code_info,
+    child_env,
+    cleanup_snapshot,
+    code_measured,
     machine_info,
+    redact,
+    reexec_on_snapshot,
     server_info,
     source_digest,
     spread,
     tidegate_dir,
+    write_between,
+    write_results,
 )
+from bench.systems import SYSTEMS
 
-SNAPSHOT_ENV = "BENCH_TIDEGATE_SNAPSHOT"
-"""Set in a run that re-executed itself on a copy of ``src/tidegate`` (``--snapshot``)."""
-CODE_ENV = "BENCH_TIDEGATE_CODE"
-RESULTS = ROOT / "bench" / "results"
-DOCS = ROOT / "docs" / "benchmarks.md"
-EMBEDDED_DATA_DIR = ROOT / ".tidegate" / "bench"
-BEGIN, END = "<!-- bench:results:begin -->", "<!-- bench:results:end -->"
+WORKLOADS = ("enqueue", "drain", "single", "wakeup", "starvation", "webhook")
+RATES = ("enqueue", "drain", "single")
+"""Workloads whose figure is a rate (higher is better); the others are waits in ms."""
+WAITS = {"wakeup": ("p50", "p95", "p99"), "starvation": ("p50", "p95", "p99")}
+MEASURE_TIMEOUT = 1800.0
+"""The most one measurement may take (procrastinate drains 20,000 jobs in ~100 s here)."""
 
-SIDES = {"tidegate": tidegate_side, "raw": raw}
-WORKLOADS = ("enqueue", "drain", "wakeup")
-PERCENTILES = ("p50", "p95", "p99")
-STAGES = ("send", "wake", "start")
-"""Wake-up stages: enqueue to insert start, insert start to claim start, claim to handler."""
-
-AIMS = {"enqueue": 0.80, "drain": 0.60}
-"""tidegate's throughput as a share of the raw queue's that it aims for."""
+AIMS = {"enqueue": 0.90, "single": 0.80, "drain": 0.60}
+"""tidegate's rate as a share of the raw limit's that it aims for."""
 AIM_WAKEUP_P99_MS = 5.0
 
 
 @dataclass(frozen=True)
-class Options:
-    """What to measure; the defaults are the published benchmark."""
+class Plan:
+    """What to run: the systems, the workloads, how often, and their sizes."""
 
-    runs: int = 20_000
-    batch: int = 1_000
-    repeat: int = 3
-    slots: int = 32
-    wakeup_runs: int = 200
-    wakeup_interval_ms: float = 20.0
-    wakeup_warmup: int = 20
+    systems: tuple[str, ...] = tuple(SYSTEMS)
     workloads: tuple[str, ...] = WORKLOADS
+    repeat: int = 3
+    options: Options = dataclasses.field(default_factory=Options)
     smoke: bool = False
 
 
-SMOKE = Options(runs=300, batch=100, repeat=1, wakeup_runs=30, wakeup_warmup=5, smoke=True)
+SMOKE = Plan(
+    systems=("tidegate", "raw"),
+    workloads=WORKLOADS[:-1],
+    repeat=1,
+    options=Options(
+        jobs=300,
+        batch=100,
+        single_jobs=100,
+        wakeup_jobs=30,
+        wakeup_warmup=5,
+        hot_jobs=600,
+        cold_tenants=5,
+        cold_per_tenant=4,
+        cold_after=50,
+    ),
+    smoke=True,
+)
 
 
 # -- measuring -------------------------------------------------------------------------
 
 
-def measure(
-    workload: str, side: str, url: str, options: Options, worker_commit: str
-) -> dict[str, Any]:
-    module: Any = SIDES[side]  # two modules with the same three measure_* functions
-    # The raw worker commits the way tidegate's worker does (see ``worker_commit``).
-    commit: dict[str, Any] = {"synchronous_commit": worker_commit} if side == "raw" else {}
-    sample: dict[str, Any]
-    if workload == "enqueue":
-        sample = module.measure_enqueue(url, options.runs, options.batch)
-    elif workload == "drain":
-        sample = module.measure_drain(url, options.runs, options.slots, **commit)
-    else:
-        sample = module.measure_wakeup(
-            url,
-            options.wakeup_runs,
-            options.wakeup_interval_ms / 1000,
-            options.wakeup_warmup,
-            options.slots,
-            **commit,
-        )
-    return sample
+def database_url(url: str, name: str) -> str:
+    """Return ``url`` naming the database ``name`` (URLs and ``key=value`` strings)."""
+    if "://" in url:
+        parts = urlsplit(url)
+        return urlunsplit(parts._replace(path=f"/{name}"))
+    return psycopg.conninfo.make_conninfo(url, dbname=name)
+
+
+def measure(python: str, system: str, workload: str, url: str, options: Options) -> dict[str, Any]:
+    """Run one measurement in a fresh database; return its figures or ``{"error": ...}``."""
+    name = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        argv = [python, "-m", "bench.driver", "measure", system, workload]
+        argv += ["--database-url", database_url(url, name)]
+        argv += ["--options", json.dumps(dataclasses.asdict(options))]
+        try:
+            done = subprocess.run(
+                argv,
+                env=child_env(),
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=MEASURE_TIMEOUT,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return {"error": f"no result within {MEASURE_TIMEOUT:.0f} s"}
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()[-6:]
+            return {"error": f"exit {done.returncode}: " + " | ".join(tail)}
+        found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        return found
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def run_benchmark(
     url: str,
-    options: Options,
+    plan: Plan,
     *,
     embedded: bool = False,
     command: str = "",
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
-    """Measure every workload on both sides against ``url``; return the results."""
-    worker_commit = tidegate_side.worker_synchronous_commit(url)
+    """Measure every workload of ``plan`` on every system against ``url``."""
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,
-        "options": dataclasses.asdict(options),
+        "plan": dataclasses.asdict(plan),
         "embedded": embedded,
         "machine": machine_info(),
         "server": server_info(url),
-        "code": json.loads(os.environ[CODE_ENV]) if CODE_ENV in os.environ else code_info(),
-        "durability": {
-            "enqueue_synchronous_commit": "server setting, both sides",
-            "worker_synchronous_commit": worker_commit,
-        },
+        "code": code_measured(),
+        "systems": {},
         "workloads": {},
     }
     started = time.monotonic()
-    for workload in options.workloads:
-        samples: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
-        for repetition in range(options.repeat):
-            # Alternate who goes first, so a drift in the machine hits both sides alike.
-            order = list(SIDES) if repetition % 2 == 0 else list(reversed(SIDES))
-            for side in order:
-                sample = measure(workload, side, url, options, worker_commit)
-                samples[side].append(sample)
-                progress(f"{workload:8} {side:9} #{repetition + 1}  {_describe(sample)}")
+    pythons: dict[str, str] = {}
+    for name in plan.systems:
+        env = envs.ensure(SYSTEMS[name])
+        result["systems"][name] = {
+            "title": SYSTEMS[name].title,
+            "versions": dict(env.versions),
+            "not_run": env.reason or None,
+        }
+        if env.python is None:
+            progress(f"{name}: not run: {env.reason}")
+        else:
+            pythons[name] = env.python
+    for workload in plan.workloads:
+        if workload == "webhook":
+            result["webhook"] = measure_webhook(url, plan, embedded, progress)
+            continue
+        samples: dict[str, list[dict[str, Any]]] = {name: [] for name in pythons}
+        for repetition in range(plan.repeat):
+            order = list(pythons)
+            turn = repetition % len(order)  # a drift in the machine hits every system alike
+            for name in order[turn:] + order[:turn]:
+                sample = measure(pythons[name], name, workload, url, plan.options)
+                samples[name].append(sample)
+                progress(f"{workload:10} {name:13} #{repetition + 1}  {_describe(sample)}")
         result["workloads"][workload] = summarize(workload, samples)
+    for name, system in result["systems"].items():
+        for workload in result["workloads"].values():
+            fairness = workload.get(name, {}).get("fairness")
+            system["fairness"] = system.get("fairness") or fairness
     result["seconds"] = round(time.monotonic() - started, 1)
     result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     if source_digest(tidegate_dir()) != result["code"].get("src_sha256"):
-        # Worker processes started late in the run loaded different code than early ones.
         result["code"]["changed_during_run"] = True
         progress("warning: src/tidegate changed while the benchmark ran")
     return result
 
 
+def measure_webhook(
+    url: str, plan: Plan, embedded: bool, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """Workload 6, tidegate only: ``bench.http`` (sync round trip, admission, cap, ingest)."""
+    from bench import http
+
+    options = http.SMOKE if plan.smoke else http.Options(repeat=plan.repeat)
+    found = http.run_benchmark(url, options, embedded=embedded, progress=progress)
+    if not plan.smoke:
+        write_results(found, RESULTS / "http-latest.json")
+        write_results(found, RESULTS / f"{http.server_label(found)}.json")
+    return {"verified": found["verified"], "figures": found["summary"]["figures"]}
+
+
 def _describe(sample: dict[str, Any]) -> str:
+    if "error" in sample:
+        return f"FAILED: {sample['error']}"
     if "rate" in sample:
-        return f"{sample['rate']:,.0f} runs/s ({sample['runs']:,} verified)"
-    ms = sample["handler_ms"]
-    return (
-        f"p50 {ms['p50']:.2f} ms, p95 {ms['p95']:.2f} ms, p99 {ms['p99']:.2f} ms"
-        f" ({sample['samples']} verified)"
-    )
+        return f"{sample['rate']:,.0f} jobs/s ({sample['jobs']:,} verified)"
+    ms = sample["wait_ms"]
+    waits = " ".join(f"{p} {ms[p]:.2f}" for p in ("p50", "p95", "p99"))
+    return f"{waits} ms ({sample['jobs']} verified)"
 
 
 def summarize(workload: str, samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """Reduce repeated samples to median/min/max per side, the ratio, and the aim."""
-    verified = all(s["verified"] for side in samples.values() for s in side)
-    if workload in AIMS:
-        sides: dict[str, dict[str, Any]] = {
-            side: {"rate": spread([s["rate"] for s in found]), "samples": found}
-            for side, found in samples.items()
+    """Median, min and max per system of every repetition that verified; errors kept."""
+    systems: dict[str, Any] = {}
+    for name, found in samples.items():
+        good = [s for s in found if s.get("verified")]
+        entry: dict[str, Any] = {
+            "samples": found,
+            "errors": [s["error"] for s in found if "error" in s],
+            "fairness": next((s.get("fairness") for s in good), None),
         }
-        ratio = sides["tidegate"]["rate"]["median"] / sides["raw"]["rate"]["median"]
-        return {
-            "unit": "runs/s",
-            "verified": verified,
-            **sides,
-            "ratio": ratio,
-            "aim": f"tidegate >= {AIMS[workload]:.0%} of raw",
-            "met": ratio >= AIMS[workload],
-        }
-    sides = {}
-    for side, found in samples.items():
-        figures: dict[str, Any] = {"samples": found}
-        for p in PERCENTILES:
-            figures[p] = spread([s["handler_ms"][p] for s in found])
-            figures[f"db_{p}"] = spread([s["db_ms"][p] for s in found])
-        sides[side] = figures
-    tidegate_p99 = sides["tidegate"]["p99"]["median"]
-    return {
-        "unit": "ms",
-        "verified": verified,
-        **sides,
-        "ratio": {
-            p: sides["tidegate"][p]["median"] / sides["raw"][p]["median"] for p in PERCENTILES
-        },
-        "aim": f"tidegate p99 <= {AIM_WAKEUP_P99_MS:g} ms",
-        "met": tidegate_p99 <= AIM_WAKEUP_P99_MS,
-    }
+        if good and workload in RATES:
+            entry["rate"] = spread([s["rate"] for s in good])
+        elif good:
+            for p in WAITS[workload]:
+                entry[p] = spread([s["wait_ms"][p] for s in good])
+        systems[name] = entry
+    return {"verified": all(not s["errors"] for s in systems.values()), **systems}
+
+
+def headline(workload: str, entry: dict[str, Any]) -> float | None:
+    """The figure a system is ranked by: its median rate, or its median p99 wait."""
+    figure = entry.get("rate" if workload in RATES else "p99")
+    return None if figure is None else float(figure["median"])
+
+
+def aims(result: dict[str, Any]) -> list[tuple[str, str, bool | None]]:
+    """The issue's aims: (what, measured, met); ``None`` where a side is missing."""
+    w = result["workloads"]
+    found: list[tuple[str, str, bool | None]] = []
+
+    def ratio(workload: str) -> float | None:
+        if workload not in w:
+            return None
+        tg, raw = (headline(workload, w[workload].get(s, {})) for s in ("tidegate", "raw"))
+        return None if tg is None or raw is None else tg / raw
+
+    for workload, share in AIMS.items():
+        r = ratio(workload)
+        measured = "?" if r is None else f"{r:.2f}"
+        found.append(
+            (
+                f"{workload}: tidegate >= {share:.0%} of raw",
+                measured,
+                None if r is None else r >= share,
+            )
+        )
+    peers = [s for s in result["systems"] if s not in ("tidegate", "raw")]
+    for workload, better in (("drain", max), ("starvation", min)):
+        if workload not in w:
+            continue
+        figures = {s: headline(workload, w[workload].get(s, {})) for s in ["tidegate", *peers]}
+        ran = {s: f for s, f in figures.items() if f is not None}
+        best = better(ran, key=lambda s: ran[s]) if ran else None
+        what = "drain: fastest of all" if workload == "drain" else "starvation: lowest cold p99"
+        found.append((what, f"best: {best}", None if best is None else best == "tidegate"))
+    if "wakeup" in w and "p99" in w["wakeup"].get("tidegate", {}):
+        p99 = w["wakeup"]["tidegate"]["p99"]["median"]
+        found.append(
+            (f"wake-up p99 <= {AIM_WAKEUP_P99_MS:g} ms", f"{p99:.2f} ms", p99 <= AIM_WAKEUP_P99_MS)
+        )
+    return found
 
 
 # -- reporting -------------------------------------------------------------------------
 
 
-def _figure(s: dict[str, Any], digits: int) -> str:
+def _spread(s: dict[str, Any], digits: int) -> str:
     return f"{s['median']:,.{digits}f} ({s['min']:,.{digits}f} - {s['max']:,.{digits}f})"
 
 
+def _ratio(value: float | None, base: float | None) -> str:
+    return "" if value is None or not base else f"{value / base:.2f}"
+
+
+TITLES = {
+    "enqueue": "Batch enqueue, jobs/s: {jobs:,} jobs in batches of {batch:,}, one connection",
+    "drain": "Drain, jobs/s: {jobs:,} queued no-op jobs, one worker process, concurrency "
+    "{concurrency}, first handler start to all recorded done",
+    "single": "Single enqueue, jobs/s: {single_jobs:,} jobs, one per transaction, one client",
+    "wakeup": "Wake-up, ms: an idle worker, {wakeup_jobs} jobs {wakeup_interval_ms:g} ms apart "
+    "from another process, enqueue to handler start",
+    "starvation": "Starvation, ms: a hot tenant's {hot_jobs:,}-job backlog being worked off; "
+    "{cold_tenants} cold tenants' {cold} jobs arrive after it, one every {cold_interval_ms:g} ms; "
+    "cold job's enqueue to handler start",
+}
+
+
+def render_workload(result: dict[str, Any], workload: str) -> list[str]:
+    options = result["plan"]["options"]
+    cold = options["cold_tenants"] * options["cold_per_tenant"]
+    w = result["workloads"][workload]
+    tg = headline(workload, w.get("tidegate", {}))
+    raw = headline(workload, w.get("raw", {}))
+    lines = [f"**{TITLES[workload].format(cold=cold, **options)}**", ""]
+    if workload in RATES:
+        lines += ["| system | jobs/s | / raw | / tidegate |", "| --- | ---: | ---: | ---: |"]
+    else:
+        cols = WAITS[workload]
+        lines += [
+            "| system | " + " | ".join(cols) + " | p99 / raw | p99 / tidegate |",
+            "| --- |" + " ---: |" * (len(cols) + 2),
+        ]
+    for name, system in result["systems"].items():
+        entry = w.get(name)
+        title = system["title"]
+        if entry is None or headline(workload, entry) is None:
+            why = system["not_run"] or "; ".join(entry["errors"] if entry else ["not run"])
+            span = 3 if workload in RATES else len(WAITS[workload]) + 2
+            lines.append(f"| {title} | not run: {why}" + " |" * span)
+            continue
+        value = headline(workload, entry)
+        if workload in RATES:
+            cells = [_spread(entry["rate"], 0)]
+        else:
+            cells = [_spread(entry[p], 1) for p in WAITS[workload]]
+        failed = f" ({len(entry['errors'])} failed)" if entry["errors"] else ""
+        lines.append(
+            f"| {title}{failed} | "
+            + " | ".join(cells)
+            + f" | {_ratio(value, raw)} | {_ratio(value, tg)} |"
+        )
+    lines.append("")
+    return lines
+
+
+WEBHOOK_ROWS = (
+    (
+        "sync webhook round trip at 100 req/s, p50 / p99, ms",
+        ("sync.steady.wait_ms.p50", "sync.steady.wait_ms.p99"),
+        ("sync.floor.wait_ms.p50", "sync.floor.wait_ms.p99"),
+        "`GET /healthz` on the same server at the same rate",
+    ),
+    (
+        "admission decision (fast lane), p50 / p99, ms",
+        ("admission.ms.admit_fast_lane.p50", "admission.ms.admit_fast_lane.p99"),
+        ("admission.ms.select_1.p50", "admission.ms.select_1.p99"),
+        "`SELECT 1` on the same connection",
+    ),
+    (
+        "async webhooks ingested (durable), per second",
+        ("ingest.tidegate.rate",),
+        ("ingest.raw.rate",),
+        "the same rows inserted in raw SQL from as many connections",
+    ),
+)
+
+
+def render_webhook(webhook: dict[str, Any]) -> list[str]:
+    figures = webhook["figures"]
+
+    def cell(paths: tuple[str, ...]) -> str:
+        found = [figures.get(path) for path in paths]
+        return " / ".join("?" if f is None else f"{f['median']:,.2f}" for f in found)
+
+    lines = [
+        "**Webhook path, tidegate only, beside its raw floors** "
+        "(`python -m bench.http`; its own section below has the details)",
+        "",
+        "| figure | tidegate | raw floor | the floor |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for what, tidegate, floor, floor_is in WEBHOOK_ROWS:
+        lines.append(f"| {what} | {cell(tidegate)} | {cell(floor)} | {floor_is} |")
+    return [*lines, ""]
+
+
 def render(result: dict[str, Any]) -> str:
-    """Return one run's results as Markdown: where, how, and the table."""
-    server, machine, options = result["server"], result["machine"], result["options"]
+    """Return one run's results as Markdown: where, how, the tables and the aims."""
+    server, machine, plan = result["server"], result["machine"], result["plan"]
     code = result.get("code", {})
     where = "embedded, " if result.get("embedded") else ""
     settings = ", ".join(f"{k}={v}" for k, v in server["settings"].items())
-    modified = code.get("src_modified")
     lines = [
         f"### PostgreSQL {server['version']} ({where}{server['connection']}), {result['date']}",
         "",
         f"- command: `{result['command']}`",
         f"- machine: {machine['cores']} cores, {machine['cpu_model']}, "
-        f"{machine['memory_gib']} GiB memory, Linux {machine['kernel']}, "
-        f"1-min load average {machine['loadavg_at_start'][0]} at start, "
-        f"{machine.get('loadavg_at_end', ['?'])[0]} at end",
-        f"- software: Python {machine['python']}, psycopg {machine['psycopg']}, "
-        f"tidegate commit {code.get('commit', '?')}"
-        + (
-            f" plus uncommitted changes in src/tidegate (sha256 {code.get('src_sha256')})"
-            if modified
-            else ""
-        )
+        f"{machine['memory_gib']} GiB memory, Linux {machine['kernel']}, 1-min load average "
+        f"{machine['loadavg_at_start'][0]} at start, {machine.get('loadavg_at_end', ['?'])[0]} "
+        "at end",
+        f"- server settings: {settings}",
+        f"- tidegate commit {code.get('commit', '?')}"
+        + (" plus uncommitted changes" if code.get("src_modified") else "")
         + (", measured on a copy taken at start (--snapshot)" if code.get("snapshot") else "")
         + (" (**changed during the run**)" if code.get("changed_during_run") else ""),
-        f"- server settings: {settings}",
-        "- durability: enqueues commit with the server's synchronous_commit on both sides; "
-        "worker claims and completions commit with synchronous_commit="
-        f"{result.get('durability', {}).get('worker_synchronous_commit', '?')} on both sides "
-        "(tidegate's worker's choice, mirrored by the raw worker)",
-        f"- {options['repeat']} repetitions, each on a fresh schema; "
-        "median (min - max); the whole run took "
-        f"{result.get('seconds', 0):.0f} s",
+        f"- {plan['repeat']} repetitions, each measurement on a fresh database; median "
+        f"(min - max); the whole run took {result.get('seconds', 0):.0f} s",
+        "- systems: "
+        + "; ".join(
+            f"{s['title']} "
+            + (
+                " ".join(f"{k} {v}" for k, v in s["versions"].items() if k != "python")
+                + f" on Python {s['versions'].get('python', machine['python'])}"
+                if s["versions"]
+                else f"(Python {machine['python']})"
+            )
+            + (f", **not run: {s['not_run']}**" if s["not_run"] else "")
+            for s in result["systems"].values()
+        ),
+        "- fairness in the starvation workload: "
+        + "; ".join(
+            f"{s['title']}: {s.get('fairness') or '?'}" for s in result["systems"].values()
+        ),
         "",
-        "| workload | tidegate | raw SQL | tidegate / raw | aim | met |",
-        "| --- | ---: | ---: | ---: | --- | --- |",
     ]
-    w = result["workloads"]
-    runs, batch, slots = options["runs"], options["batch"], options["slots"]
-    names = {
-        "enqueue": f"batch enqueue, runs/s ({runs:,} in batches of {batch:,})",
-        "drain": f"drain, runs/s ({runs:,} no-op runs, 1 worker, {slots} slots)",
-    }
-    for workload in ("enqueue", "drain"):
-        if workload not in w:
-            continue
-        f = w[workload]
+    for workload in result["workloads"]:
+        lines += render_workload(result, workload)
+    if "webhook" in result:
+        lines += render_webhook(result["webhook"])
+    lines += ["**Aims**", "", "| aim | measured | met |", "| --- | --- | --- |"]
+    for what, measured, met in aims(result):
         lines.append(
-            f"| {names[workload]} | {_figure(f['tidegate']['rate'], 0)} "
-            f"| {_figure(f['raw']['rate'], 0)} | {f['ratio']:.2f} "
-            f"| >= {AIMS[workload]:.2f} | {'yes' if f['met'] else '**no**'} |"
+            f"| {what} | {measured} | {'?' if met is None else 'yes' if met else '**no**'} |"
         )
-    if "wakeup" in w:
-        f = w["wakeup"]
-        runs_note = f"{options['wakeup_runs']} runs {options['wakeup_interval_ms']:g} ms apart"
-        for p in PERCENTILES:
-            aim = f"<= {AIM_WAKEUP_P99_MS:g} ms" if p == "p99" else ""
-            met = ("yes" if f["met"] else "**no**") if p == "p99" else ""
-            lines.append(
-                f"| wake-up {p}, ms, enqueue to handler start ({runs_note}) "
-                f"| {_figure(f['tidegate'][p], 2)} | {_figure(f['raw'][p], 2)} "
-                f"| {f['ratio'][p]:.2f} | {aim} | {met} |"
-            )
-        stages = {
-            side: " / ".join(
-                f"{statistics.median(s['stage_ms'][stage]['p50'] for s in f[side]['samples']):.2f}"
-                for stage in STAGES
-            )
-            for side in SIDES
-        }
-        lines.append(
-            f"| wake-up p50 by stage ({' / '.join(STAGES)}), ms "
-            f"| {stages['tidegate']} | {stages['raw']} | | | |"
-        )
-        for p in ("p50", "p99"):
-            tg, rw = f["tidegate"][f"db_{p}"], f["raw"][f"db_{p}"]
-            lines.append(
-                f"| wake-up {p}, ms, in the database (attempted_at - inserted_at) "
-                f"| {_figure(tg, 2)} | {_figure(rw, 2)} "
-                f"| {tg['median'] / rw['median']:.2f} | | |"
-            )
     lines.append("")
     return "\n".join(lines)
-
-
-def write_results(result: dict[str, Any], path: Path) -> None:
-    """Write JSON through a temporary file, so a reader never sees half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
-    tmp.replace(path)
 
 
 def server_label(result: dict[str, Any]) -> str:
@@ -315,117 +465,62 @@ def server_label(result: dict[str, Any]) -> str:
     return f"postgres{major}" + ("-embedded" if result.get("embedded") else "")
 
 
-def write_docs(results_dir: Path = RESULTS, docs: Path = DOCS) -> None:
-    """Render every ``postgres*.json`` in ``results_dir`` between the markers of ``docs``."""
-    found = [json.loads(p.read_text()) for p in sorted(results_dir.glob("postgres*.json"))]
+def write_docs() -> None:
+    """Render every ``postgres*.json`` of ``bench/results`` into ``docs/benchmarks.md``."""
+    found = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("postgres*.json"))]
+    found = [r for r in found if "systems" in r]
     found.sort(key=lambda r: (-r["server"]["major"], not r.get("embedded")))
-    text = docs.read_text()
-    if BEGIN not in text or END not in text:
-        raise BenchError(f"{docs} lacks the markers {BEGIN} ... {END}")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    body = "\n".join(render(r) for r in found)
-    docs.write_text(f"{head}{BEGIN}\n\n{body}\n{END}{tail}")
+    write_between(DOCS, "results", "\n".join(render(r) for r in found))
 
 
 # -- the command -----------------------------------------------------------------------
 
 
-def redact(url: str) -> str:
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python bench/run.py",
-        description="tidegate against a minimal raw-SQL queue, on the same database.",
+        description="The same workloads on tidegate, the raw-SQL limit and the peers.",
     )
     parser.add_argument(
         "--database-url",
-        help="PostgreSQL to measure on (default: TIDEGATE_DATABASE_URL, else an embedded "
-        f"PostgreSQL 18 under {EMBEDDED_DATA_DIR.relative_to(ROOT)})",
+        help="PostgreSQL to measure on, a role that may create databases (default: "
+        "TIDEGATE_DATABASE_URL, else an embedded PostgreSQL 18 under "
+        f"{EMBEDDED_DATA_DIR.relative_to(ROOT)})",
     )
-    default = Options()
-    parser.add_argument("--runs", type=int, default=default.runs, help="runs per enqueue/drain")
-    parser.add_argument("--batch", type=int, default=default.batch, help="runs per enqueue")
-    parser.add_argument("--repeat", type=int, default=default.repeat, help="repetitions")
-    parser.add_argument("--slots", type=int, default=default.slots, help="worker slots")
-    parser.add_argument("--wakeup-runs", type=int, default=default.wakeup_runs)
-    parser.add_argument("--wakeup-interval-ms", type=float, default=default.wakeup_interval_ms)
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
+    parser.add_argument("--repeat", type=int, default=Plan.repeat)
+    parser.add_argument("--jobs", type=int, default=Options.jobs, help="jobs per enqueue/drain")
     parser.add_argument(
-        "--workloads",
-        default=",".join(WORKLOADS),
-        help="which workloads, comma-separated (default: all)",
+        "--smoke", action="store_true", help="a few hundred jobs: checks, not figures"
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help=f"{SMOKE.runs} runs, {SMOKE.wakeup_runs} wake-ups, once: checks, not figures",
-    )
-    parser.add_argument(
-        "--output",
-        type=Path,
-        help="where to write the JSON (default: bench/results/latest.json and "
-        "bench/results/postgres<major>[-embedded].json for a run of every workload; "
-        "nothing for --smoke)",
-    )
-    parser.add_argument(
-        "--write-docs", action="store_true", help="rewrite the figures in docs/benchmarks.md"
-    )
+    parser.add_argument("--output", type=Path, help="where to write the JSON")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md")
     parser.add_argument(
         "--snapshot",
         action="store_true",
-        help="measure a copy of src/tidegate taken at start, so that edits made while the "
-        "benchmark runs cannot mix two versions of the code in one run",
+        help="measure a copy of src/tidegate taken at start (edits made meanwhile don't count)",
     )
-    options = parser.parse_args(argv)
-    if options.smoke and options.write_docs:
-        parser.error("--smoke measures too little to publish; drop --write-docs")
-    options.workloads = tuple(w.strip() for w in options.workloads.split(",") if w.strip())
-    unknown = set(options.workloads) - set(WORKLOADS)
-    if unknown or not options.workloads:
+    args = parser.parse_args(argv)
+    args.systems = tuple(s for s in args.systems.split(",") if s)
+    args.workloads = tuple(w for w in args.workloads.split(",") if w)
+    if set(args.systems) - set(SYSTEMS) or not args.systems:
+        parser.error(f"--systems takes some of {', '.join(SYSTEMS)}")
+    if set(args.workloads) - set(WORKLOADS) or not args.workloads:
         parser.error(f"--workloads takes some of {', '.join(WORKLOADS)}")
-    if options.write_docs and options.workloads != WORKLOADS:
-        parser.error("--write-docs publishes full runs only; drop --workloads")
-    if min(options.runs, options.batch, options.repeat, options.slots, options.wakeup_runs) < 1:
-        parser.error("--runs, --batch, --repeat, --slots and --wakeup-runs must be >= 1")
-    return options
-
-
-def reexec_on_snapshot(argv: list[str]) -> None:
-    """Copy ``src/tidegate`` aside and run this command again on the copy (never returns).
-
-    The copy goes first on ``PYTHONPATH``, so this process and every worker it starts
-    import it rather than the working tree; the copy is removed when the run ends.
-    """
-    code = code_info()
-    snapshot = Path(tempfile.mkdtemp(prefix="tidegate-bench-src-"))
-    shutil.copytree(
-        ROOT / "src" / "tidegate",
-        snapshot / "tidegate",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    code["src_sha256"] = source_digest(snapshot / "tidegate")
-    code["snapshot"] = True
-    path = [str(snapshot), str(ROOT), os.environ.get("PYTHONPATH", "")]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, path)),
-        SNAPSHOT_ENV: str(snapshot),
-        CODE_ENV: json.dumps(code),
-    }
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, str(Path(__file__).resolve()), *argv], env)
+    if args.smoke and args.write_docs:
+        parser.error("--smoke measures too little to publish; drop --write-docs")
+    if args.repeat < 1 or args.jobs < 1:
+        parser.error("--repeat and --jobs must be >= 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
     if args.snapshot and SNAPSHOT_ENV not in os.environ:
-        reexec_on_snapshot(argv)
-    if SNAPSHOT_ENV in os.environ:
-        atexit.register(shutil.rmtree, os.environ[SNAPSHOT_ENV], ignore_errors=True)
+        reexec_on_snapshot("bench.run", argv)
+    cleanup_snapshot()
     url = args.database_url or os.environ.get("TIDEGATE_DATABASE_URL")
     embedded = not url
     if not url:
@@ -433,22 +528,15 @@ def main(argv: list[str] | None = None) -> int:
 
         url = start_embedded(EMBEDDED_DATA_DIR)
     if args.smoke:
-        options = dataclasses.replace(SMOKE, workloads=args.workloads)
+        plan = dataclasses.replace(SMOKE, workloads=args.workloads)
     else:
-        options = Options(
-            runs=args.runs,
-            batch=args.batch,
-            repeat=args.repeat,
-            slots=args.slots,
-            wakeup_runs=args.wakeup_runs,
-            wakeup_interval_ms=args.wakeup_interval_ms,
-            workloads=args.workloads,
-        )
+        options = dataclasses.replace(Options(), jobs=args.jobs, hot_jobs=args.jobs)
+        plan = Plan(args.systems, args.workloads, args.repeat, options)
     command = shlex.join(["python", "bench/run.py", *(redact(a) for a in argv)])
     print(f"tidegate benchmark: {command}", file=sys.stderr)
     result = run_benchmark(
         url,
-        options,
+        plan,
         embedded=embedded,
         command=command,
         progress=lambda line: print(line, file=sys.stderr, flush=True),
@@ -458,14 +546,17 @@ def main(argv: list[str] | None = None) -> int:
         write_results(result, args.output)
     elif not args.smoke:
         write_results(result, RESULTS / "latest.json")
-        if options.workloads == WORKLOADS:  # only complete runs are published
+        if plan.workloads == WORKLOADS and plan.systems == tuple(SYSTEMS):
             write_results(result, RESULTS / f"{server_label(result)}.json")
     if args.write_docs:
         write_docs()
         print(f"wrote {DOCS.relative_to(ROOT)}", file=sys.stderr)
-    verified = all(w["verified"] for w in result["workloads"].values())
-    return 0 if verified else 1
+    ok = all(w["verified"] for w in result["workloads"].values())
+    return 0 if ok and result.get("webhook", {}).get("verified", True) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BenchError as error:
+        sys.exit(f"benchmark failed: {error}")
