@@ -187,11 +187,14 @@ class Tidegate:
         if not new:
             return []
         rows = [self._row(n) for n in new]
-        inserted = yield Statement(
-            "insert_runs",
-            {"runs": json.dumps(rows, default=_iso), "channel": self.available_channel},
-            dict_row,
-        )
+        if len(rows) == 1:
+            one = {**rows[0], "args": json.dumps(rows[0]["args"], default=_iso)}
+            params = {**one, "channel": self.available_channel}
+            inserted = yield Statement("insert_run", params, dict_row)
+        else:
+            runs = json.dumps(rows, default=_iso)
+            params = {"runs": runs, "channel": self.available_channel}
+            inserted = yield Statement("insert_runs", params, dict_row)
         # Rows come back in id order, which is input order; an input whose idempotency
         # key is taken inserted nothing and is read back below.
         inserted.sort(key=lambda r: r["id"])
