@@ -396,16 +396,32 @@ def render_webhook(webhook: dict[str, Any]) -> list[str]:
         found = [figures.get(path) for path in paths]
         return " / ".join("?" if f is None else f"{f['median']:,.2f}" for f in found)
 
+    def ratio(tidegate: tuple[str, ...], floor: tuple[str, ...]) -> str:
+        a, b = figures.get(tidegate[-1]), figures.get(floor[-1])
+        return "" if a is None or b is None else _ratio(a["median"], b["median"])
+
     lines = [
         "**Webhook path, tidegate only, beside its raw floors** "
         "(`python -m bench.http`; its own section below has the details)",
         "",
-        "| figure | tidegate | raw floor | the floor |",
-        "| --- | ---: | ---: | --- |",
+        "| figure | tidegate | raw floor | tidegate / floor (last figure) | the floor |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
     for what, tidegate, floor, floor_is in WEBHOOK_ROWS:
-        lines.append(f"| {what} | {cell(tidegate)} | {cell(floor)} | {floor_is} |")
+        lines.append(
+            f"| {what} | {cell(tidegate)} | {cell(floor)} | {ratio(tidegate, floor)} | {floor_is} |"
+        )
     return [*lines, ""]
+
+
+def _system(system: dict[str, Any], python: str) -> str:
+    """``title (package version, ...; Python x.y.z)``, or why it did not run."""
+    versions = dict(system["versions"])
+    python = versions.pop("python", python)
+    packages = ", ".join(f"{name} {version}" for name, version in versions.items())
+    where = f"{packages}; Python {python}" if packages else f"Python {python}"
+    not_run = f", **not run: {system['not_run']}**" if system["not_run"] else ""
+    return f"{system['title']} ({where}){not_run}"
 
 
 def render(result: dict[str, Any]) -> str:
@@ -430,17 +446,7 @@ def render(result: dict[str, Any]) -> str:
         f"- {plan['repeat']} repetitions, each measurement on a fresh database; median "
         f"(min - max); the whole run took {result.get('seconds', 0):.0f} s",
         "- systems: "
-        + "; ".join(
-            f"{s['title']} "
-            + (
-                " ".join(f"{k} {v}" for k, v in s["versions"].items() if k != "python")
-                + f" on Python {s['versions'].get('python', machine['python'])}"
-                if s["versions"]
-                else f"(Python {machine['python']})"
-            )
-            + (f", **not run: {s['not_run']}**" if s["not_run"] else "")
-            for s in result["systems"].values()
-        ),
+        + "; ".join(_system(s, machine["python"]) for s in result["systems"].values()),
         "- fairness in the starvation workload: "
         + "; ".join(
             f"{s['title']}: {s.get('fairness') or '?'}" for s in result["systems"].values()
@@ -550,6 +556,10 @@ def main(argv: list[str] | None = None) -> int:
             write_results(result, RESULTS / f"{server_label(result)}.json")
     if args.write_docs:
         write_docs()
+        if "webhook" in plan.workloads:
+            from bench import http
+
+            http.write_docs()
         print(f"wrote {DOCS.relative_to(ROOT)}", file=sys.stderr)
     ok = all(w["verified"] for w in result["workloads"].values())
     return 0 if ok and result.get("webhook", {}).get("verified", True) else 1
