@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import awa
 import psycopg
@@ -111,11 +112,26 @@ WHERE ready.lane_seq >= heads.next_seq
 """
 
 
+def socket_url(url: str) -> str:
+    """Give a URL with no host (a Unix socket named by ``?host=``) a placeholder host.
+
+    awa's driver refuses ``postgresql://user@/db?host=/dir`` ("empty host") but takes
+    the socket from ``?host=`` when the authority names any host.
+    """
+    parts = urlsplit(url)
+    if parts.hostname or "host=" not in parts.query:
+        return url
+    return urlunsplit(parts._replace(netloc=f"{parts.netloc}localhost"))
+
+
 class AwaAdapter(Adapter):
     name = "awa"
     # The backlog (ready entries, a partitioned table: VACUUM covers its partitions) and
     # the per-lane counter rows that every enqueue batch updates.
     tables = ("awa.ready_entries", "awa.queue_lanes", "awa.queue_enqueue_heads")
+
+    def __init__(self, url: str) -> None:
+        super().__init__(socket_url(url))
 
     async def install(self) -> None:
         await awa.migrate(self.url)
