@@ -195,7 +195,7 @@ def run_benchmark(
             pythons[name] = env.python
     for workload in plan.workloads:
         if workload == "webhook":
-            result["webhook"] = measure_webhook(url, plan, embedded, progress)
+            result["webhook"] = measure_webhook(url, plan, embedded, command, progress)
             continue
         samples: dict[str, list[dict[str, Any]]] = {name: [] for name in pythons}
         for repetition in range(plan.repeat):
@@ -219,13 +219,19 @@ def run_benchmark(
 
 
 def measure_webhook(
-    url: str, plan: Plan, embedded: bool, progress: Callable[[str], None]
+    url: str, plan: Plan, embedded: bool, command: str, progress: Callable[[str], None]
 ) -> dict[str, Any]:
     """Workload 6, tidegate only: ``bench.http`` (sync round trip, admission, cap, ingest)."""
     from bench import http
 
     options = http.SMOKE if plan.smoke else http.Options(repeat=plan.repeat)
-    found = http.run_benchmark(url, options, embedded=embedded, progress=progress)
+    found = http.run_benchmark(
+        url,
+        options,
+        embedded=embedded,
+        command=command,
+        progress=progress,
+    )
     if not plan.smoke:
         write_results(found, RESULTS / "http-latest.json")
         write_results(found, RESULTS / f"{http.server_label(found)}.json")
