@@ -110,6 +110,41 @@ async def test_async_webhook_is_committed_before_202_then_runs(
 # -- bad input: a clear 4xx, nothing stored, the server unharmed ------------------------
 
 
+async def test_a_hot_tenants_webhooks_do_not_starve_a_cold_tenants(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    start_worker_process: Callable[..., Any],
+) -> None:
+    """Webhook runs take their key's turn like enqueued ones: round-robin across tenants."""
+    await create_project(client, "hot")
+    await create_project(client, "cold")
+    hot = await create_trigger(client, "hot", "orders", mode="async", task="echo")
+    cold = await create_trigger(client, "cold", "orders", mode="async", task="echo")
+    sent = await asyncio.gather(*(client.post(hot["url"], json={"n": n}) for n in range(60)))
+    assert {r.status_code for r in sent} == {202}
+    response = await client.post(cold["url"], json={"n": 0})
+    assert response.status_code == 202, response.text
+    cold_run = response.json()["run_id"]
+
+    start_worker_process("manual>*:1")  # one slot: runs start one at a time, in claim order
+    await wait_until(
+        lambda: (
+            sql.execute("SELECT count(*) FROM runs WHERE state = 'succeeded'").fetchone() == (61,)
+        ),
+        timeout=30,
+    )
+    assert run_row(sql, cold_run)["project"] == "cold"
+    order = [
+        project for (project,) in sql.execute("SELECT project FROM runs ORDER BY attempted_at, id")
+    ]
+    # The cold tenant's only webhook came after 60 of the hot one's; first in first out it
+    # would run 61st. It takes the hot tenant's second step: after the hot runs stamped at
+    # the first two steps, which can be several each, since admissions running at once
+    # (on the server's pool of 8 connections) read the same clock.
+    assert order.count("cold") == 1
+    assert order.index("cold") < 2 * 8 + 1, order
+
+
 async def test_unknown_token_gets_404(client: httpx.AsyncClient, sql: psycopg.Connection) -> None:
     response = await client.post("/hooks/tgh_no-such-token", json={"a": 1})
 
