@@ -27,7 +27,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from bench.harness import BenchError, WorkerProcess, child_env, percentiles
+from bench.harness import BenchError, WorkerProcess, child_env, paced, percentiles
 from bench.systems.base import Adapter, Job
 
 READY = "bench worker ready"
@@ -67,16 +66,6 @@ def load(system: str, url: str) -> Adapter:
     module = importlib.import_module(f"bench.systems.{system}")
     adapter: Adapter = module.ADAPTER(url)
     return adapter
-
-
-def paced(count: int, interval: float) -> Iterator[int]:
-    """Yield ``0 .. count-1``, the k-th at ``start + k * interval`` (no drift from work)."""
-    start = time.monotonic()
-    for k in range(count):
-        delay = start + k * interval - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        yield k
 
 
 # -- the worker process ----------------------------------------------------------------

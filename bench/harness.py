@@ -1,10 +1,11 @@
-"""What both sides of the benchmark share: schemas, worker processes, figures.
+"""What the benchmark's modules share: processes, schemas, figures, descriptions, results.
 
-Every measurement runs on a schema of its own (``bench_<side>_<hex>``), created just
-before and dropped just after, so no measurement sees another's rows, dead tuples or
-statistics. Worker processes are started by the harness, report readiness on stderr,
-and are stopped with SIGTERM; a worker that dies takes the measurement down with it,
-its last log lines in the error.
+It imports nothing but the standard library and psycopg, because the driver imports it
+in every peer's environment too. Worker processes are started by the harness, report
+readiness on stderr, and are stopped with SIGTERM; a worker that dies takes the
+measurement down with it, its last log lines in the error. ``bench.http`` measures on
+schemas of its own (``bench_<side>_<hex>``), created just before and dropped just after;
+``bench.run`` on databases of their own.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,41 +63,6 @@ def fresh_schema(url: str, side: str) -> Iterator[str]:
     finally:
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-def settle(url: str, schema: str, table: str) -> None:
-    """Vacuum and analyze ``table``, then checkpoint: every side starts from the same state.
-
-    Without it, autovacuum or a checkpoint may land in one side's measurement and not in
-    the other's. ``CHECKPOINT`` needs a superuser (or ``pg_checkpoint``); without the
-    right it is skipped.
-    """
-    with psycopg.connect(schema_conninfo(url, schema), autocommit=True) as conn:
-        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(sql.Identifier(table)))
-        with contextlib.suppress(psycopg.errors.InsufficientPrivilege):
-            conn.execute("CHECKPOINT")
-
-
-def wait_for(
-    check: Callable[[], bool],
-    *,
-    timeout: float,
-    what: str,
-    worker: WorkerProcess | None = None,
-    interval: float = POLL_SECONDS,
-) -> float:
-    """Poll ``check`` until it is true and return when (wall time).
-
-    Fail after ``timeout`` seconds, or as soon as ``worker`` dies.
-    """
-    deadline = time.monotonic() + timeout
-    while not check():
-        if worker is not None:
-            worker.check_alive()
-        if time.monotonic() > deadline:
-            raise BenchError(f"{what}: not done within {timeout:.0f}s")
-        time.sleep(interval)
-    return time.time()
 
 
 def paced(count: int, interval: float) -> Iterator[int]:
@@ -207,36 +173,6 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
         return {"p50": only, "p95": only, "p99": only, "max": only}
     cuts = statistics.quantiles(values, n=100, method="inclusive")
     return {"p50": cuts[49], "p95": cuts[94], "p99": cuts[98], "max": float(max(values))}
-
-
-def wakeup_figures(samples: Sequence[tuple[float, float, float, float]]) -> dict[str, Any]:
-    """Summarise wake-up samples ``(enqueued_at, inserted_at, attempted_at, started_at)``.
-
-    All four are Unix times on this machine's clock: the enqueuing client's
-    ``time.time()`` just before it sent the insert, the insert's and the claim's
-    transaction start (``now()`` on the server, read from the table), and the handler's
-    ``time.time()`` at its first line. The headline, ``handler_ms``, is enqueue to
-    handler start; ``db_ms`` is ``attempted_at - inserted_at``; the three ``stage_ms``
-    split the headline into send (enqueue to insert start), wake (insert start to claim
-    start: insert, commit, NOTIFY, wake-up) and start (claim start to handler start:
-    claim, commit, rows to a running handler).
-    """
-    handler, db, send, start = [], [], [], []
-    for enqueued, inserted, attempted, started in samples:
-        handler.append((started - enqueued) * 1000)
-        db.append((attempted - inserted) * 1000)
-        send.append((inserted - enqueued) * 1000)
-        start.append((started - attempted) * 1000)
-    return {
-        "samples": len(samples),
-        "handler_ms": percentiles(handler),
-        "db_ms": percentiles(db),
-        "stage_ms": {
-            "send": percentiles(send),
-            "wake": percentiles(db),
-            "start": percentiles(start),
-        },
-    }
 
 
 def spread(values: Sequence[float]) -> dict[str, Any]:
