@@ -360,7 +360,21 @@ def reexec_on_snapshot(module: str, argv: list[str]) -> None:
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
 
 
-def cleanup_snapshot() -> None:
-    """In a re-executed run, remove the snapshot when the process exits."""
-    if SNAPSHOT_ENV in os.environ:
+def start_run(
+    module: str, argv: list[str], database_url: str | None, snapshot: bool
+) -> tuple[str, bool]:
+    """Begin a benchmark command: on a snapshot of the code if asked, then pick the server.
+
+    Return the server's URL and whether it is the embedded one, which is started here
+    when neither ``database_url`` nor ``TIDEGATE_DATABASE_URL`` names a server.
+    """
+    if snapshot and SNAPSHOT_ENV not in os.environ:
+        reexec_on_snapshot(module, argv)
+    if SNAPSHOT_ENV in os.environ:  # the re-executed run removes its snapshot at exit
         atexit.register(shutil.rmtree, os.environ[SNAPSHOT_ENV], ignore_errors=True)
+    url = database_url or os.environ.get("TIDEGATE_DATABASE_URL")
+    if url:
+        return url, False
+    from tidegate.storage.embedded import start_embedded
+
+    return start_embedded(EMBEDDED_DATA_DIR), True

@@ -98,11 +98,9 @@ from bench.harness import (
     EMBEDDED_DATA_DIR,
     RESULTS,
     ROOT,
-    SNAPSHOT_ENV,
     BenchError,
     WorkerProcess,
     child_env,
-    cleanup_snapshot,
     code_measured,
     fresh_schema,
     machine_info,
@@ -110,11 +108,11 @@ from bench.harness import (
     percentiles,
     python_module,
     redact,
-    reexec_on_snapshot,
     schema_conninfo,
     server_info,
     source_digest,
     spread,
+    start_run,
     tidegate_dir,
     write_between,
     write_results,
@@ -1786,15 +1784,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
-    if args.snapshot and SNAPSHOT_ENV not in os.environ:
-        reexec_on_snapshot("bench.http", argv)
-    cleanup_snapshot()
-    url = args.database_url or os.environ.get("TIDEGATE_DATABASE_URL")
-    embedded = not url
-    if not url:
-        from tidegate.storage.embedded import start_embedded
-
-        url = start_embedded(EMBEDDED_DATA_DIR)
+    url, embedded = start_run("bench.http", argv, args.database_url, args.snapshot)
     if args.smoke:
         options = SMOKE
     else:

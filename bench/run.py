@@ -57,17 +57,15 @@ from bench.harness import (
     EMBEDDED_DATA_DIR,
     RESULTS,
     ROOT,
-    SNAPSHOT_ENV,
     BenchError,
     child_env,
-    cleanup_snapshot,
     code_measured,
     machine_info,
     redact,
-    reexec_on_snapshot,
     server_info,
     source_digest,
     spread,
+    start_run,
     tidegate_dir,
     write_between,
     write_results,
@@ -530,15 +528,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse(argv)
-    if args.snapshot and SNAPSHOT_ENV not in os.environ:
-        reexec_on_snapshot("bench.run", argv)
-    cleanup_snapshot()
-    url = args.database_url or os.environ.get("TIDEGATE_DATABASE_URL")
-    embedded = not url
-    if not url:
-        from tidegate.storage.embedded import start_embedded
-
-        url = start_embedded(EMBEDDED_DATA_DIR)
+    url, embedded = start_run("bench.run", argv, args.database_url, args.snapshot)
     if args.smoke:
         plan = dataclasses.replace(SMOKE, workloads=args.workloads)
     else:
