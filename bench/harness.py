@@ -27,7 +27,8 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -358,6 +359,29 @@ def reexec_on_snapshot(module: str, argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+
+
+def new_record(url: str, command: str, embedded: bool, **fields: Any) -> dict[str, Any]:
+    """Begin a run's results: when, how, where and on what code, then ``fields``."""
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "embedded": embedded,
+        "machine": machine_info(),
+        "server": server_info(url),
+        "code": code_measured(),
+        **fields,
+    }
+
+
+def close_record(result: dict[str, Any], started: float, progress: Callable[[str], None]) -> None:
+    """End a run's results: its length, the load at the end, and whether the code moved."""
+    result["seconds"] = round(time.monotonic() - started, 1)
+    result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    if source_digest(tidegate_dir()) != result["code"].get("src_sha256"):
+        # Processes started late in the run loaded different code than early ones.
+        result["code"]["changed_during_run"] = True
+        progress("warning: src/tidegate changed while the benchmark ran")
 
 
 def start_run(

@@ -87,7 +87,6 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import httpx
@@ -101,19 +100,16 @@ from bench.harness import (
     BenchError,
     WorkerProcess,
     child_env,
-    code_measured,
+    close_record,
     fresh_schema,
-    machine_info,
+    new_record,
     paced,
     percentiles,
     python_module,
     redact,
     schema_conninfo,
-    server_info,
-    source_digest,
     spread,
     start_run,
-    tidegate_dir,
     write_between,
     write_results,
 )
@@ -1385,18 +1381,15 @@ def run_benchmark(
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Measure every part ``options.repeat`` times against ``url``; return the results."""
-    result: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": command,
-        "options": dataclasses.asdict(options),
-        "embedded": embedded,
-        "machine": machine_info(),
-        "server": server_info(url),
-        "code": code_measured(),
-        "processes": {"api": "python -m tidegate serve --role api", "worker": WORKER_APP},
-        "workloops": WORKLOOPS,
-        "repetitions": [],
-    }
+    result = new_record(
+        url,
+        command,
+        embedded,
+        options=dataclasses.asdict(options),
+        processes={"api": "python -m tidegate serve --role api", "worker": WORKER_APP},
+        workloops=WORKLOOPS,
+        repetitions=[],
+    )
     started = time.monotonic()
     for repetition in range(options.repeat):
         load = [round(x, 2) for x in os.getloadavg()]
@@ -1417,17 +1410,13 @@ def run_benchmark(
                 "ingest": ingest,
             }
         )
-    result["seconds"] = round(time.monotonic() - started, 1)
-    result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    close_record(result, started, progress)
     result["summary"] = summarize(result["repetitions"])
     result["verified"] = all(
         rep[part]["verified"]
         for rep in result["repetitions"]
         for part in ("sync", "admission", "cap", "ingest")
     )
-    if source_digest(tidegate_dir()) != result["code"].get("src_sha256"):
-        result["code"]["changed_during_run"] = True
-        progress("warning: src/tidegate changed while the benchmark ran")
     return result
 
 

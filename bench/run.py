@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -39,7 +38,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -59,14 +57,11 @@ from bench.harness import (
     ROOT,
     BenchError,
     child_env,
-    code_measured,
-    machine_info,
+    close_record,
+    new_record,
     redact,
-    server_info,
-    source_digest,
     spread,
     start_run,
-    tidegate_dir,
     write_between,
     write_results,
 )
@@ -167,17 +162,9 @@ def run_benchmark(
     progress: Callable[[str], None] = lambda line: None,
 ) -> dict[str, Any]:
     """Measure every workload of ``plan`` on every system against ``url``."""
-    result: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": command,
-        "plan": dataclasses.asdict(plan),
-        "embedded": embedded,
-        "machine": machine_info(),
-        "server": server_info(url),
-        "code": code_measured(),
-        "systems": {},
-        "workloads": {},
-    }
+    result = new_record(
+        url, command, embedded, plan=dataclasses.asdict(plan), systems={}, workloads={}
+    )
     started = time.monotonic()
     pythons: dict[str, str] = {}
     for name in plan.systems:
@@ -205,14 +192,9 @@ def run_benchmark(
                 progress(f"{workload:10} {name:13} #{repetition + 1}  {_describe(sample)}")
         result["workloads"][workload] = summarize(workload, samples)
     for name, system in result["systems"].items():
-        for workload in result["workloads"].values():
-            fairness = workload.get(name, {}).get("fairness")
-            system["fairness"] = system.get("fairness") or fairness
-    result["seconds"] = round(time.monotonic() - started, 1)
-    result["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    if source_digest(tidegate_dir()) != result["code"].get("src_sha256"):
-        result["code"]["changed_during_run"] = True
-        progress("warning: src/tidegate changed while the benchmark ran")
+        said = (w.get(name, {}).get("fairness") for w in result["workloads"].values())
+        system["fairness"] = next(filter(None, said), None)
+    close_record(result, started, progress)
     return result
 
 
