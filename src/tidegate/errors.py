@@ -5,7 +5,10 @@ Every error tidegate raises derives from one base, so callers can catch them all
     TidegateError
     ├── ConfigError          a setting, workloop spec or lane chain is malformed
     ├── SchemaError          the database schema is older or newer than this code
-    ├── EnqueueError         an enqueue was malformed (args, lane, priority)
+    ├── UnavailableError     something tidegate needs cannot be had: PostgreSQL cannot be
+    │                        reached or refuses the login, the API's port is taken
+    ├── InputError           a value is outside what tidegate can store or handle
+    │   └── EnqueueError     an enqueue was malformed (args, lane, priority)
     └── UnknownTaskError     a run names a task that is not registered
 """
 
@@ -24,9 +27,24 @@ class SchemaError(TidegateError):
     """The database schema does not match this version of tidegate."""
 
 
+class UnavailableError(TidegateError):
+    """Something tidegate needs cannot be had; the message says what, where and why.
+
+    Expected in operation (a server down, a wrong password, a port in use), so the CLI
+    prints it as one line rather than a traceback.
+    """
+
+
 class UnknownTaskError(TidegateError, LookupError):
     """A run or an enqueue names a task that this app has not registered."""
 
 
-class EnqueueError(TidegateError, ValueError):
+class InputError(TidegateError, ValueError):
+    """A value is outside the bounds tidegate can store or handle (``tidegate.limits``).
+
+    The message names the value and the bound, so the caller can correct it.
+    """
+
+
+class EnqueueError(InputError):
     """An enqueue was malformed: args not a JSON object, a bad lane name or priority."""

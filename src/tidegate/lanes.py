@@ -12,17 +12,16 @@ slots that prefer ``manual`` and take anything. Groups never lend slots to each 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from tidegate.errors import ConfigError
+from tidegate.limits import LANE_NAME
 
 WILDCARD = "*"
 DEFAULT_CHAIN: tuple[str, ...] = ("manual", WILDCARD)
 FAST_LANE = "fast_lane"
-
-LANE_NAME = re.compile(r"[A-Za-z0-9_]+")
-"""What a lane name may be."""
+BUILTIN_LANES = frozenset({FAST_LANE, "manual", "default"})
+"""Lanes tidegate itself puts runs in: sync webhooks, manual retries, everything else."""
 
 
 def parse_chain(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -40,7 +39,7 @@ def parse_chain(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
             if position != len(parts) - 1:
                 raise ConfigError(f"'*' must be the last lane of a chain, got {'>'.join(parts)!r}")
         elif not LANE_NAME.fullmatch(lane):
-            raise ConfigError(f"lane name {lane!r} must match [A-Za-z0-9_]+")
+            raise ConfigError(f"lane name {lane!r} must match [A-Za-z0-9_]{1, 64}")
         if lane in seen:
             raise ConfigError(f"lane {lane!r} appears twice in chain {'>'.join(parts)!r}")
         seen.add(lane)

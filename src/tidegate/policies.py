@@ -21,15 +21,25 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
-from tidegate.errors import TidegateError
-from tidegate.lanes import LANE_NAME
+from tidegate.errors import InputError
+from tidegate.limits import (
+    MAX_COUNT,
+    MAX_RATE,
+    MAX_WEIGHT,
+    MIN_RATE,
+    MIN_WEIGHT,
+    Bounds,
+    check_lane,
+    check_numbers,
+    check_text,
+)
 from tidegate.storage.sql import Statement, Steps
 
 POLICY_FIELDS = ("max_running", "weight", "rate", "rate_burst")
 ANY_KEY = "*"
 
 
-class PolicyError(TidegateError, ValueError):
+class PolicyError(InputError):
     """A key policy was malformed; the message names the field."""
 
 
@@ -39,7 +49,7 @@ def set_key_policy(lane: str, key: str = ANY_KEY, **fields: Any) -> Steps[dict[s
     Fields not given keep their value; ``None`` clears one (it falls back to the lane's
     default policy).
     """
-    _check(lane, fields)
+    fields = _check(lane, key, fields)
     rows = yield Statement(
         "upsert_key_policy", {"lane": lane, "key": key, "patch": json.dumps(fields)}, dict_row
     )
@@ -57,21 +67,25 @@ def list_key_policies(lane: str | None = None) -> Steps[list[dict[str, Any]]]:
     return [dict(row) for row in rows]
 
 
-def _check(lane: str, fields: dict[str, Any]) -> None:
-    if not LANE_NAME.fullmatch(lane):
-        raise PolicyError(f"lane name {lane!r} must match [A-Za-z0-9_]+")
+FIELD_BOUNDS: Bounds = {
+    "max_running": (0, MAX_COUNT, True),
+    "weight": (MIN_WEIGHT, MAX_WEIGHT, False),
+    "rate": (MIN_RATE, MAX_RATE, False),
+    "rate_burst": (1, MAX_COUNT, True),
+}
+"""Each policy field's range and whether it is a whole number (tidegate.limits)."""
+
+
+def _check(lane: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """Return the fields checked against their bounds (whole numbers as ints)."""
     unknown = set(fields) - set(POLICY_FIELDS)
     if unknown:
         raise PolicyError(
             f"unknown policy field(s) {sorted(unknown)}; known: {list(POLICY_FIELDS)}"
         )
-    lowest = {"max_running": 0, "rate_burst": 1}
-    for name, value in fields.items():
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise PolicyError(f"{name} must be a number, got {value!r}")
-        if name in lowest and (value < lowest[name] or value != int(value)):
-            raise PolicyError(f"{name} must be a whole number >= {lowest[name]}, got {value!r}")
-        if name in ("weight", "rate") and not value > 0:
-            raise PolicyError(f"{name} must be > 0, got {value!r}")
+    try:
+        check_lane(lane)
+        check_text(key, "key")
+        return check_numbers(fields, FIELD_BOUNDS)
+    except InputError as error:
+        raise PolicyError(str(error)) from None

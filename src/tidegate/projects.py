@@ -19,14 +19,25 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from tidegate.errors import TidegateError
+from tidegate.errors import InputError, TidegateError
+from tidegate.ingress.signatures import check_secret
+from tidegate.limits import (
+    MAX_COUNT,
+    MAX_RATE,
+    MIN_RATE,
+    Bounds,
+    check_identifier,
+    check_numbers,
+    check_text,
+)
 from tidegate.storage.sql import Statement, Steps
 
+DEFAULT_PROJECT = "default"
 PROJECT_LIMITS = ("fast_lane_cap", "concurrency", "ingest_rate", "ingest_burst", "backlog_cap")
 TRIGGER_FIELDS = ("mode", "task", "secret", "max_body_bytes", "sync_timeout_seconds", "enabled")
 
 
-class AdminError(TidegateError, ValueError):
+class AdminError(InputError):
     """A project or trigger change was refused; the message says which value and why."""
 
 
@@ -49,8 +60,20 @@ def new_token(prefix: str) -> str:
 
 
 def create_project(project_id: str, **limits: Any) -> Steps[dict[str, Any]]:
-    """Create a project; its API token is in the result, and shown only this once."""
-    _check_limits(limits)
+    """Create a project; its API token is in the result, and shown only this once.
+
+    The id ``default`` is reserved: it is where the library enqueues runs without a
+    project, and a token for it would see them all.
+    """
+    try:
+        check_identifier(project_id, "project id")
+    except InputError as error:
+        raise AdminError(str(error)) from None
+    if project_id == DEFAULT_PROJECT:
+        raise ConflictError(
+            f"project id {DEFAULT_PROJECT!r} is reserved: the library enqueues runs there"
+        )
+    limits = _check_limits(limits)
     token = new_token("tgp")
     params: dict[str, Any] = {"id": project_id, "token_hash": hash_token(token)}
     params.update({name: limits.get(name) for name in PROJECT_LIMITS})
@@ -60,7 +83,7 @@ def create_project(project_id: str, **limits: Any) -> Steps[dict[str, Any]]:
 
 def update_project(project_id: str, **changes: Any) -> Steps[dict[str, Any]]:
     """Change some limits of a project (``None`` clears one); effective for the next request."""
-    _check_limits(changes)
+    changes = _check_limits(changes)
     patch = {name: value for name, value in changes.items() if name in PROJECT_LIMITS}
     rows = yield Statement(
         "update_project", {"id": project_id, "patch": json.dumps(patch)}, dict_row
@@ -79,7 +102,11 @@ def create_trigger(
     project_id: str, name: str, *, mode: str, task: str, **options: Any
 ) -> Steps[dict[str, Any]]:
     """Create a trigger of a project; its URL token is in the result."""
-    _check_trigger({"mode": mode, "task": task, **options})
+    try:
+        check_identifier(name, "trigger name")
+    except InputError as error:
+        raise AdminError(str(error)) from None
+    options = _check_trigger({"mode": mode, "task": task, **options})
     params: dict[str, Any] = {
         "project": project_id,
         "name": name,
@@ -93,7 +120,7 @@ def create_trigger(
 
 
 def update_trigger(trigger_id: int, **changes: Any) -> Steps[dict[str, Any]]:
-    _check_trigger(changes)
+    changes = _check_trigger(changes)
     patch = {name: value for name, value in changes.items() if name in TRIGGER_FIELDS}
     rows = yield Statement(
         "update_trigger", {"id": trigger_id, "patch": json.dumps(patch)}, dict_row
@@ -134,25 +161,50 @@ def domain_error(error: psycopg.Error) -> TidegateError:
     raise error
 
 
-def _check_limits(limits: dict[str, Any]) -> None:
+LIMIT_BOUNDS: Bounds = {
+    "fast_lane_cap": (0, MAX_COUNT, True),
+    "concurrency": (1, MAX_COUNT, True),
+    "ingest_rate": (MIN_RATE, MAX_RATE, False),
+    "ingest_burst": (1, MAX_COUNT, True),
+    "backlog_cap": (0, MAX_COUNT, True),
+}
+"""Each project limit's range and whether it is a whole number (tidegate.limits)."""
+TRIGGER_BOUNDS: Bounds = {
+    "max_body_bytes": (1, 104_857_600, True),
+    "sync_timeout_seconds": (0.001, 3600.0, False),
+}
+
+
+def _check_limits(limits: dict[str, Any]) -> dict[str, Any]:
+    """Return the limits checked against their bounds (whole numbers as ints)."""
     unknown = set(limits) - set(PROJECT_LIMITS)
     if unknown:
         raise AdminError(
             f"unknown project limit(s) {sorted(unknown)}; known: {list(PROJECT_LIMITS)}"
         )
-    for name, value in limits.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise AdminError(f"{name} must be a number, got {value!r}")
+    try:
+        return check_numbers(limits, LIMIT_BOUNDS)
+    except InputError as error:
+        raise AdminError(str(error)) from None
 
 
-def _check_trigger(fields: dict[str, Any]) -> None:
+def _check_trigger(fields: dict[str, Any]) -> dict[str, Any]:
+    """Return the trigger's fields checked against their bounds."""
     unknown = set(fields) - set(TRIGGER_FIELDS)
     if unknown:
         raise AdminError(
             f"unknown trigger field(s) {sorted(unknown)}; known: {list(TRIGGER_FIELDS)}"
         )
-    if fields.get("mode") not in (None, "async", "sync"):
-        raise AdminError(f"mode must be 'async' or 'sync', got {fields['mode']!r}")
-    secret = fields.get("secret")
-    if secret is not None and not str(secret).startswith("whsec_"):
-        raise AdminError("secret must be a Standard Webhooks secret: 'whsec_' + base64")
+    checked = dict(fields)
+    try:
+        if fields.get("mode") not in (None, "async", "sync"):
+            raise InputError(f"mode must be 'async' or 'sync', got {fields['mode']!r}")
+        if fields.get("task") is not None:
+            check_text(fields["task"], "task")
+        if fields.get("secret") is not None:
+            check_secret(str(fields["secret"]))
+        numbers = {name: fields[name] for name in TRIGGER_BOUNDS if name in fields}
+        checked.update(check_numbers(numbers, TRIGGER_BOUNDS))
+    except (InputError, ValueError) as error:
+        raise AdminError(str(error)) from None
+    return checked

@@ -3,9 +3,10 @@
 A run's life::
 
     scheduled --due--> available --claim--> running --+--> succeeded
-        ^                  ^                         |--> discarded (last attempt failed)
-        |                  |                         |--> cancelled
-        +---- retry -------+---- rescue / hand back -+
+        ^               ^     |                      |--> discarded (last attempt failed)
+        |               |     v                      |--> cancelled
+        |               +-- pending (no live worker has its task; until one starts)
+        +---- retry ----+---- rescue / hand back ----+
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class RunState(StrEnum):
 
     SCHEDULED = "scheduled"
     AVAILABLE = "available"
+    PENDING = "pending"
+    """Waits for a worker: no live worker has its task (and a workloop for its lane)."""
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     DISCARDED = "discarded"
@@ -66,13 +69,22 @@ class Run:
     rank: float = 0.0
     """The claim order within a lane: ``vtime + priority * 64``."""
 
+    @property
+    def reason(self) -> str | None:
+        """Why the run is not moving, when that is not plain waiting for its turn."""
+        if self.state is RunState.PENDING:
+            return f"no live worker has task {self.task!r} for lane {self.lane!r}"
+        return None
+
     def to_json(self) -> dict[str, Any]:
-        """Return the run as JSON-ready data (timestamps in ISO 8601)."""
-        return {
+        """Return the run as JSON-ready data (timestamps in ISO 8601), with its reason."""
+        data = {
             f.name: value.isoformat() if isinstance(value, datetime) else value
             for f in fields(self)
             for value in [getattr(self, f.name)]
         }
+        data["reason"] = self.reason
+        return data
 
 
 _RUN_FIELDS = tuple(f.name for f in fields(Run))

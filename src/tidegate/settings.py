@@ -15,8 +15,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tidegate.errors import ConfigError
+from psycopg import ProgrammingError
+from psycopg.conninfo import conninfo_to_dict
+
+from tidegate.errors import ConfigError, InputError
 from tidegate.lanes import WorkloopSpec, parse_workloops
+from tidegate.limits import check_token
 
 DEFAULT_SCHEMA = "tidegate"
 DEFAULT_DATA_DIR = Path(".tidegate")
@@ -39,6 +43,31 @@ DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 DEFAULT_API_PROCESSES = 1
+DEFAULT_MAX_JSON_DEPTH = 64
+DEFAULT_MAX_API_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_HEAD_BYTES = 32 * 1024
+DEFAULT_MAX_HEADERS = 100
+DEFAULT_READ_TIMEOUT_SECONDS = 30.0
+DEFAULT_BODY_TIMEOUT_SECONDS = 60.0
+DEFAULT_LOG_FORMAT = "text"
+LOG_FORMATS = ("text", "json")
+
+MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
+"""Ten years: any duration past it is a mistake, and PostgreSQL intervals stay exact."""
+COUNT_BOUNDS = {
+    "prune_batch": (1, 100_000),
+    "max_attempts": (1, 1000),
+    "pool_size": (1, 1000),
+    "max_body_bytes": (1, 104_857_600),
+    "api_processes": (1, 256),
+    "max_json_depth": (1, 512),
+    "max_api_body_bytes": (1, 104_857_600),
+    "max_head_bytes": (1024, 1024 * 1024),
+    "max_headers": (8, 1000),
+    "fast_lane_cap": (0, 2**31 - 1),
+    "port": (0, 65535),
+}
+"""The range of each whole-number setting: what the columns and the code can hold."""
 
 ENV_PREFIX = "TIDEGATE_"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -75,20 +104,53 @@ class Settings:
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     api_processes: int = DEFAULT_API_PROCESSES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    """How deep JSON may nest: webhook bodies (400 past it), enqueued args, results."""
+    max_api_body_bytes: int = DEFAULT_MAX_API_BODY_BYTES
+    """The limit on the body of an admin or runs API request (413 past it)."""
+    max_head_bytes: int = DEFAULT_MAX_HEAD_BYTES
+    """The limit on a request's line and headers together (431 past it)."""
+    max_headers: int = DEFAULT_MAX_HEADERS
+    """The most header fields a request may have (431 past it)."""
+    read_timeout_seconds: float = DEFAULT_READ_TIMEOUT_SECONDS
+    """How long a client may take to send its request head, and to send each part of
+    its body: a slow client is cut off (408) instead of holding a connection."""
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    """How long a client may take to send a whole body (408 after): a client that sends
+    a byte now and then, each within ``read_timeout_seconds``, is cut off too."""
+    log_format: str = DEFAULT_LOG_FORMAT
+    """``text`` for people, ``json`` (one object per line) for log collectors."""
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not _SCHEMA_NAME.fullmatch(self.schema):
             raise ConfigError(f"schema {self.schema!r} must match [a-z_][a-z0-9_]*")
+        if self.database_url is not None:
+            try:
+                conninfo_to_dict(self.database_url)
+            except ProgrammingError as error:
+                raise ConfigError(
+                    f"database_url is neither a postgresql:// URL nor a conninfo string: {error}"
+                ) from None
         for f in fields(self):
             if not f.name.endswith("_seconds"):
                 continue
             value = getattr(self, f.name)
-            if not value > 0:
-                raise ConfigError(f"{f.name} must be > 0 seconds, got {value!r}")
-        for name in ("prune_batch", "max_attempts", "pool_size", "max_body_bytes", "api_processes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+            if not 0 < value <= MAX_DURATION_SECONDS:
+                raise ConfigError(
+                    f"{f.name} must be > 0 and <= {MAX_DURATION_SECONDS:.0f} seconds, got {value!r}"
+                )
+        for name, (low, high) in COUNT_BOUNDS.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ConfigError(f"{name} must be {low} to {high}, got {value!r}")
+        if self.admin_token is not None:
+            try:
+                check_token(self.admin_token, "admin_token")
+            except InputError as error:
+                raise ConfigError(str(error)) from None
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(f"log_format must be one of {LOG_FORMATS}, got {self.log_format!r}")
         if self.heartbeat_seconds >= self.lease_seconds:
             raise ConfigError(
                 f"heartbeat_seconds ({self.heartbeat_seconds}) must be shorter than "

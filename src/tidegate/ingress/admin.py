@@ -1,19 +1,39 @@
 """The admin API (super admin only): projects, their limits, and their triggers.
 
 A change to a project's limits holds for the next request: admission reads the
-project's row inside every admission transaction, nothing is cached.
+project's row inside every admission transaction, nothing is cached. Every field and
+parameter carries the bounds of ``tidegate.limits``: a value past one is a 422 naming
+the field, never a database error.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import logging
+from typing import Annotated, Any, Literal
 
 import psycopg
-from fastapi import APIRouter, Depends, HTTPException, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, Security
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from tidegate.ingress.auth import require_admin
-from tidegate.ingress.server import Ingress
+from tidegate.app import DEFAULT_LANE
+from tidegate.ingress.auth import BEARER, current_caller
+from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
+from tidegate.ingress.signatures import check_secret
+from tidegate.lanes import FAST_LANE
+from tidegate.limits import (
+    IDENTIFIER,
+    LANE_NAME,
+    MAX_ID,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    Count,
+    PositiveCount,
+    ProjectId,
+    Rate,
+    Text,
+    TriggerName,
+    Weight,
+)
 from tidegate.policies import PolicyError, clear_key_policy, list_key_policies, set_key_policy
 from tidegate.projects import (
     AdminError,
@@ -27,43 +47,66 @@ from tidegate.projects import (
     update_project,
     update_trigger,
 )
-from tidegate.storage.sql import Steps
+from tidegate.storage.sql import Statement, Steps
 
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)])
-PROJECT_ID = r"^[A-Za-z0-9_.-]{1,64}$"
+log = logging.getLogger("tidegate.ingress")
+router = APIRouter(
+    prefix="/admin",
+    tags=["admin"],
+    dependencies=[Security(BEARER), Depends(current_caller)],
+    responses=AUTH_RESPONSES,
+)
+NOT_FOUND = problem_responses(**{"404": "no such project, trigger or policy"})
+CONFLICT = problem_responses(**{"409": "it exists already, or the id is reserved"})
+
+ProjectIdPath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
+LanePath = Annotated[str, Path(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)]
+KeyPath = Annotated[
+    str, Path(min_length=1, max_length=MAX_TEXT_CHARS, description="a key, or * for the lane")
+]
+TriggerIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+Secret = Annotated[
+    str,
+    Field(max_length=200, description="Standard Webhooks secret: whsec_ + base64 of 24-64 bytes"),
+    AfterValidator(check_secret),
+]
 
 
 class ProjectLimits(BaseModel):
-    fast_lane_cap: int | None = Field(
-        None, ge=0, description="in-flight fast-lane runs; null: the server default"
+    model_config = ConfigDict(extra="forbid")
+
+    fast_lane_cap: Count | None = Field(
+        None, description="in-flight fast-lane runs; null: the server default"
     )
-    concurrency: int | None = Field(None, ge=1, description="in-flight runs outside the fast lane")
-    ingest_rate: float | None = Field(
-        None, gt=0, description="webhooks per second; null: unlimited"
+    concurrency: PositiveCount | None = Field(
+        None, description="in-flight runs outside the fast lane"
     )
-    ingest_burst: int | None = Field(
-        None, ge=1, description="webhooks allowed at once above the rate"
+    ingest_rate: Rate | None = Field(None, description="webhooks per second; null: unlimited")
+    ingest_burst: PositiveCount | None = Field(
+        None, description="webhooks allowed at once above the rate"
     )
-    backlog_cap: int | None = Field(None, ge=0, description="ready runs per lane; null: unlimited")
+    backlog_cap: Count | None = Field(None, description="ready runs per lane; null: unlimited")
 
 
 class NewProject(ProjectLimits):
-    id: str = Field(pattern=PROJECT_ID)
+    id: ProjectId
 
 
 class TriggerFields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     mode: Literal["async", "sync"] | None = None
-    task: str | None = Field(None, min_length=1)
-    secret: str | None = Field(None, pattern=r"^whsec_[A-Za-z0-9+/=]+$")
+    task: Text | None = None
+    secret: Secret | None = None
     max_body_bytes: int | None = Field(None, ge=1, le=104_857_600)
-    sync_timeout_seconds: float | None = Field(None, gt=0, le=3600)
+    sync_timeout_seconds: float | None = Field(None, gt=0, le=3600, allow_inf_nan=False)
     enabled: bool | None = None
 
 
 class NewTrigger(TriggerFields):
-    name: str = Field(pattern=PROJECT_ID)
+    name: TriggerName
     mode: Literal["async", "sync"]
-    task: str = Field(min_length=1)
+    task: Text
 
 
 async def _apply(request: Request, steps: Steps[Any]) -> Any:
@@ -84,11 +127,35 @@ def _http(error: Exception) -> HTTPException:
     return HTTPException(422, str(error))
 
 
-def _with_url(trigger: dict[str, Any]) -> dict[str, Any]:
-    return {**trigger, "url": f"/hooks/{trigger['token']}"}
+async def _shown(request: Request, trigger: dict[str, Any]) -> dict[str, Any]:
+    """The trigger with its URL, and a warning when no live worker has its task.
+
+    Not an error: a fleet may be mid-deploy. But a typo in a task's name would otherwise
+    only show once webhooks wait (async) or are refused (sync).
+    """
+    ingress: Ingress = request.app.state.ingress
+    lane = FAST_LANE if trigger["mode"] == "sync" else DEFAULT_LANE
+    params = {
+        "lanes": [lane],
+        "tasks": [trigger["task"]],
+        "live_seconds": 3 * ingress.settings.heartbeat_seconds,
+    }
+    warnings = []
+    if not (await ingress.run(_rows("find_task_workers", params)))[0][2]:
+        warnings.append(
+            f"no live worker has task {trigger['task']!r} for lane {lane!r}: its webhooks "
+            + ("are refused (503)" if lane == FAST_LANE else "wait")
+            + " until one starts"
+        )
+        log.warning("trigger %d (%s): %s", trigger["id"], trigger["name"], warnings[0])
+    return {**trigger, "url": f"/hooks/{trigger['token']}", "warnings": warnings}
 
 
-@router.post("/projects", status_code=201)
+def _rows(name: str, params: dict[str, Any]) -> Steps[list[Any]]:
+    return (yield Statement(name, params))
+
+
+@router.post("/projects", status_code=201, responses=CONFLICT)
 async def post_project(body: NewProject, request: Request) -> dict[str, Any]:
     """Create a project; the response holds its API token, shown only this once."""
     limits = body.model_dump(exclude={"id"}, exclude_unset=True)
@@ -100,63 +167,73 @@ async def get_projects(request: Request) -> list[dict[str, Any]]:
     return await _apply(request, list_projects())  # type: ignore[no-any-return]
 
 
-@router.get("/projects/{project_id}")
-async def get_project(project_id: str, request: Request) -> dict[str, Any]:
+@router.get("/projects/{project_id}", responses=NOT_FOUND)
+async def get_project(project_id: ProjectIdPath, request: Request) -> dict[str, Any]:
     found = await _apply(request, list_projects(project_id))
     if not found:
         raise HTTPException(404, f"no project {project_id!r}")
     return found[0]  # type: ignore[no-any-return]
 
 
-@router.patch("/projects/{project_id}")
-async def patch_project(project_id: str, body: ProjectLimits, request: Request) -> dict[str, Any]:
+@router.patch("/projects/{project_id}", responses=NOT_FOUND)
+async def patch_project(
+    project_id: ProjectIdPath, body: ProjectLimits, request: Request
+) -> dict[str, Any]:
     """Change limits (only the fields sent; null clears one). Holds for the next request."""
     changes = body.model_dump(exclude_unset=True)
     return await _apply(request, update_project(project_id, **changes))  # type: ignore[no-any-return]
 
 
-@router.post("/projects/{project_id}/triggers", status_code=201)
-async def post_trigger(project_id: str, body: NewTrigger, request: Request) -> dict[str, Any]:
+@router.post(
+    "/projects/{project_id}/triggers", status_code=201, responses={**NOT_FOUND, **CONFLICT}
+)
+async def post_trigger(
+    project_id: ProjectIdPath, body: NewTrigger, request: Request
+) -> dict[str, Any]:
     """Create a trigger; ``url`` is where its webhooks go."""
     fields = body.model_dump(exclude={"name", "mode", "task"}, exclude_unset=True)
     created = await _apply(
         request, create_trigger(project_id, body.name, mode=body.mode, task=body.task, **fields)
     )
-    return _with_url(created)
+    return await _shown(request, created)
 
 
 @router.get("/projects/{project_id}/triggers")
-async def get_triggers(project_id: str, request: Request) -> list[dict[str, Any]]:
-    return [_with_url(t) for t in await _apply(request, list_triggers(project_id))]
+async def get_triggers(project_id: ProjectIdPath, request: Request) -> list[dict[str, Any]]:
+    return [await _shown(request, t) for t in await _apply(request, list_triggers(project_id))]
 
 
-@router.patch("/triggers/{trigger_id}")
-async def patch_trigger(trigger_id: int, body: TriggerFields, request: Request) -> dict[str, Any]:
+@router.patch("/triggers/{trigger_id}", responses=NOT_FOUND)
+async def patch_trigger(
+    trigger_id: TriggerIdPath, body: TriggerFields, request: Request
+) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    return _with_url(await _apply(request, update_trigger(trigger_id, **changes)))
+    return await _shown(request, await _apply(request, update_trigger(trigger_id, **changes)))
 
 
 class KeyPolicy(BaseModel):
-    max_running: int | None = Field(
-        None, ge=0, description="the key's runs in flight; null: no limit"
-    )
-    weight: float | None = Field(None, gt=0, description="the key's share of claims (default 1)")
-    rate: float | None = Field(None, gt=0, description="runs started per second; null: no limit")
-    rate_burst: int | None = Field(None, ge=1, description="starts at once above the rate")
+    model_config = ConfigDict(extra="forbid")
+
+    max_running: Count | None = Field(None, description="the key's runs in flight; null: no limit")
+    weight: Weight | None = Field(None, description="the key's share of claims (default 1)")
+    rate: Rate | None = Field(None, description="runs started per second; null: no limit")
+    rate_burst: PositiveCount | None = Field(None, description="starts at once above the rate")
 
 
 @router.put("/lanes/{lane}/keys/{key}")
-async def put_key_policy(lane: str, key: str, body: KeyPolicy, request: Request) -> dict[str, Any]:
+async def put_key_policy(
+    lane: LanePath, key: KeyPath, body: KeyPolicy, request: Request
+) -> dict[str, Any]:
     """Set a key's policy in a lane (key ``*``: the lane's default); the next claim sees it."""
     return await _apply(request, set_key_policy(lane, key, **body.model_dump(exclude_unset=True)))  # type: ignore[no-any-return]
 
 
 @router.get("/lanes/{lane}/keys")
-async def get_key_policies(lane: str, request: Request) -> list[dict[str, Any]]:
+async def get_key_policies(lane: LanePath, request: Request) -> list[dict[str, Any]]:
     return await _apply(request, list_key_policies(lane))  # type: ignore[no-any-return]
 
 
-@router.delete("/lanes/{lane}/keys/{key}", status_code=204)
-async def delete_key_policy(lane: str, key: str, request: Request) -> None:
+@router.delete("/lanes/{lane}/keys/{key}", status_code=204, responses=NOT_FOUND)
+async def delete_key_policy(lane: LanePath, key: KeyPath, request: Request) -> None:
     if not await _apply(request, clear_key_policy(lane, key)):
         raise HTTPException(404, f"no policy for key {key!r} in lane {lane!r}")

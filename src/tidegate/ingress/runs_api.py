@@ -1,29 +1,58 @@
 """The runs API: look at runs, retry them, cancel them.
 
 The super admin sees every run; a project's token sees that project's runs only (any
-other run is answered 404, as if it did not exist). A single retry goes to the
-``manual`` lane, a bulk retry to ``default`` (DESIGN.md, "Lanes").
+other run is answered 404, as if it did not exist), and of each failed attempt the error
+(type and message) but not the traceback, which names the server's files. A single
+retry goes to the ``manual`` lane, a bulk retry to ``default`` (DESIGN.md, "Lanes").
+
+Runs are answered as ``JSONResponse`` (``json.dumps``), not through FastAPI's response
+serializer: pydantic's stops at about 255 levels of nesting, and what a run holds may
+nest as deep as ``max_json_depth`` allows (up to 512), so a stored run must never be
+one the API cannot show.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Security
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
-from tidegate.ingress.auth import Caller, require_caller
-from tidegate.ingress.server import Ingress
+from tidegate.ingress.auth import BEARER, Caller, current_caller
+from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
+from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
 
-router = APIRouter(prefix="/runs", tags=["runs"])
-Authorized = Annotated[Caller, Depends(require_caller)]
+router = APIRouter(
+    prefix="/runs", tags=["runs"], dependencies=[Security(BEARER)], responses=AUTH_RESPONSES
+)
+Authorized = Annotated[Caller, Depends(current_caller)]
+RunIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 MAX_BULK = 10_000
+NOT_FOUND = problem_responses(**{"404": "no such run (or not this project's)"})
+A_RUN: dict[int | str, dict[str, Any]] = {
+    200: {"description": "the run: state, lane, attempts, result, errors, timings"}
+}
+CONFLICT = problem_responses(**{"409": "the run is not in a state that allows it"})
 
 
 class BulkRetry(BaseModel):
-    ids: list[int] = Field(min_length=1, max_length=MAX_BULK)
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[RunId] = Field(min_length=1, max_length=MAX_BULK)
+
+
+def _shown(run: Run, caller: Caller) -> dict[str, Any]:
+    """The run as the caller may see it: a project's token gets no tracebacks."""
+    data = run.to_json()
+    if not caller.admin:
+        data["errors"] = [
+            {name: value for name, value in entry.items() if name != "traceback"}
+            for entry in data["errors"]
+        ]
+    return data
 
 
 def _runs(name: str, params: dict[str, Any]) -> Steps[list[Run]]:
@@ -38,22 +67,26 @@ async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
     return found[0]
 
 
-@router.get("/{run_id}")
-async def get_run(run_id: int, request: Request, caller: Authorized) -> dict[str, Any]:
+@router.get("/{run_id}", responses={**A_RUN, **NOT_FOUND})
+async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """A run: state, lane, attempts, result, errors, timings."""
-    return (await _visible(request, caller, run_id)).to_json()
+    return JSONResponse(_shown(await _visible(request, caller, run_id), caller))
 
 
-@router.get("")
+@router.get("", responses={200: {"description": "the newest runs, newest first"}})
 async def list_runs(
     request: Request,
     caller: Authorized,
-    project: str | None = None,
-    lane: str | None = None,
+    project: Annotated[
+        str | None, Query(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
+    ] = None,
+    lane: Annotated[
+        str | None, Query(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)
+    ] = None,
     state: RunState | None = None,
-    task: str | None = None,
+    task: Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT_CHARS)] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
-) -> list[dict[str, Any]]:
+) -> JSONResponse:
     """The newest runs matching every filter given."""
     if not caller.admin:
         if project not in (None, caller.project):
@@ -67,18 +100,18 @@ async def list_runs(
         "limit": limit,
     }
     found = await request.app.state.ingress.run(_runs("list_runs", params))
-    return [run.to_json() for run in found]
+    return JSONResponse([_shown(run, caller) for run in found])
 
 
-@router.post("/{run_id}/retry")
-async def retry_run(run_id: int, request: Request, caller: Authorized) -> dict[str, Any]:
+@router.post("/{run_id}/retry", responses={**A_RUN, **NOT_FOUND, **CONFLICT})
+async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """Run a finished run again, in the ``manual`` lane."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
     retried = await ingress.run(_runs("retry_run", _retry_params(ingress, [run_id], "manual")))
     if not retried:
         raise HTTPException(409, f"run {run_id} has not finished")
-    return retried[0].to_json()
+    return JSONResponse(_shown(retried[0], caller))
 
 
 @router.post("/retry")
@@ -93,8 +126,8 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
     return {"retried": sorted(run.id for run in retried)}
 
 
-@router.post("/{run_id}/cancel")
-async def cancel_run(run_id: int, request: Request, caller: Authorized) -> dict[str, Any]:
+@router.post("/{run_id}/cancel", responses={**A_RUN, **NOT_FOUND, **CONFLICT})
+async def cancel_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """Cancel a run that has not finished (a running attempt is not interrupted)."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
@@ -102,7 +135,7 @@ async def cancel_run(run_id: int, request: Request, caller: Authorized) -> dict[
     cancelled = await ingress.run(_runs("cancel_run", params))
     if not cancelled:
         raise HTTPException(409, f"run {run_id} has finished already")
-    return cancelled[0].to_json()
+    return JSONResponse(_shown(cancelled[0], caller))
 
 
 def _retry_params(ingress: Ingress, ids: list[int], lane: str) -> dict[str, Any]:

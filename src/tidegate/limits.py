@@ -1,0 +1,278 @@
+"""The bounds of every value that enters tidegate, and the checks that hold them.
+
+Each bound encodes what PostgreSQL and the code downstream can hold, so that a value a
+boundary accepts (an HTTP model, a CLI option, a setting, a library argument) never
+fails deeper, in a claim, a completion or a response:
+
+==========================  ===============================  ===========================
+value                       bound                            why
+==========================  ===============================  ===========================
+project id, trigger name    ``[A-Za-z0-9_.-]``, 1-64 chars   URLs, log lines, indexes
+lane name                   ``[A-Za-z0-9_]``, 1-64 chars     lane chains use ``>`` ``:``
+key, idempotency key,       1-255 chars, no NUL, no lone     PostgreSQL text holds no
+task name                   surrogate                        NUL; btree entries are
+                                                             bounded (~2.7 kB)
+JSON: args, webhook         nesting <= ``max_json_depth``    jsonb holds no NUL and no
+bodies, results             (64), strings and keys without   NaN; deep nesting exhausts
+                            NUL or lone surrogates, finite   the recursion of every
+                            numbers, integers up to 4,300    serializer; Python parses
+                            digits                           no longer integers
+counts (caps, limits)       0 .. 2**31 - 1                   integer columns
+run ids                     1 .. 2**63 - 1                   bigint
+rates, per second           0.001 .. 1,000,000               1/rate must be an interval
+weights                     0.001 .. 1,000                   1/weight is a clock step
+bearer tokens               1-255 visible ASCII characters   what an Authorization
+                                                             header can carry
+==========================  ===============================  ===========================
+
+Every check raises ``InputError`` naming the value and its bound. The ``Annotated``
+types carry the same bounds into pydantic models (HTTP bodies, path and query
+parameters), where a violation is a 422 with the field's location.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
+
+from tidegate.errors import InputError
+
+MAX_NAME_CHARS = 64
+MAX_TEXT_CHARS = 255
+DEFAULT_MAX_JSON_DEPTH = 64
+MAX_INT_DIGITS = 4300
+"""Python's own limit on converting a decimal string to an int (sys.int_info)."""
+_INT_BOUND = 10**MAX_INT_DIGITS
+"""The smallest integer of more than ``MAX_INT_DIGITS`` digits, computed once."""
+MAX_COUNT = 2**31 - 1
+MAX_ID = 2**63 - 1
+MIN_RATE = 0.001
+MAX_RATE = 1_000_000.0
+MIN_WEIGHT = 0.001
+MAX_WEIGHT = 1000.0
+
+IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A project id or a trigger name."""
+DOT_SEGMENTS = frozenset({".", ".."})
+LANE_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
+"""A lane name."""
+TOKEN = re.compile(r"[\x21-\x7e]{1,255}")
+"""A bearer token: visible ASCII, no spaces, as ``Authorization: Bearer <token>`` carries
+it (a token with a space, an accent or a leading blank could never be sent back)."""
+
+
+def check_text(value: Any, what: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """Return ``value`` if it is text PostgreSQL can store and index, else raise.
+
+    1 to ``max_chars`` characters, no NUL, no lone surrogate (text that is not UTF-8).
+    """
+    if not isinstance(value, str):
+        raise InputError(f"{what} must be text, got {type(value).__name__}")
+    if not 1 <= len(value) <= max_chars:
+        raise InputError(f"{what} must be 1 to {max_chars} characters, got {len(value)}")
+    _check_chars(value, what)
+    return value
+
+
+def check_identifier(value: Any, what: str) -> str:
+    """Return a project id or trigger name, or raise naming the allowed form.
+
+    Not ``.`` or ``..``: in a URL (``/admin/projects/..``) those are dot segments, which
+    HTTP clients resolve away, so such a project could not be reached by its own path.
+    """
+    if not isinstance(value, str) or not IDENTIFIER.fullmatch(value):
+        raise InputError(f"{what} must match [A-Za-z0-9_.-]{{1,64}}, got {_show(value)}")
+    if value in DOT_SEGMENTS:
+        raise InputError(f"{what} must not be {value!r}, which a URL path cannot carry")
+    return value
+
+
+def check_lane(value: Any, what: str = "lane name") -> str:
+    """Return a lane name, or raise naming the allowed form."""
+    if not isinstance(value, str) or not LANE_NAME.fullmatch(value):
+        raise InputError(f"{what} must match [A-Za-z0-9_]{{1,64}}, got {_show(value)}")
+    return value
+
+
+def check_number(value: Any, what: str, low: float, high: float, *, whole: bool) -> float:
+    """Return ``value`` if it is a finite number from ``low`` to ``high``, else raise.
+
+    ``whole``: it must be a whole number, and comes back as an ``int`` (``2.0`` -> ``2``).
+    """
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    valid = (
+        number
+        and (isinstance(value, int) or (math.isfinite(value) and (not whole or value.is_integer())))
+        and low <= value <= high
+    )
+    if not valid:
+        kind = "a whole number" if whole else "a number"
+        raise InputError(f"{what} must be {kind} from {low} to {high}, got {_show(value)}")
+    return int(value) if whole else float(value)
+
+
+Bounds = dict[str, tuple[float, float, bool]]
+"""Ranges of named numbers: ``{name: (low, high, whole)}``."""
+
+
+def check_numbers(values: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
+    """Return ``values`` checked against ``bounds`` (``check_number``); ``None`` passes."""
+    return {
+        name: None
+        if value is None
+        else check_number(value, name, bounds[name][0], bounds[name][1], whole=bounds[name][2])
+        for name, value in values.items()
+    }
+
+
+def check_token(value: Any, what: str) -> str:
+    """Return a bearer token (1-255 visible ASCII characters), or raise."""
+    if not isinstance(value, str) or not TOKEN.fullmatch(value):
+        raise InputError(
+            f"{what} must be 1 to 255 visible ASCII characters (no spaces), "
+            "as an Authorization header carries it"
+        )
+    return value
+
+
+def check_json(value: Any, what: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> None:
+    """Raise unless ``value`` is JSON that jsonb stores and every reader reads back.
+
+    Objects with text keys, arrays (lists or tuples), text, finite numbers, booleans and
+    null, nested at most ``max_depth`` deep (a scalar is depth 0, ``[1]`` depth 1).
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            _check_chars(item, what)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if abs(item) >= _INT_BOUND:
+                raise InputError(f"{what} holds an integer of more than {MAX_INT_DIGITS} digits")
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                raise InputError(f"{what} holds {item!r}, which JSON cannot represent")
+        elif isinstance(item, dict | list | tuple):
+            if depth >= max_depth:
+                raise InputError(f"{what} is nested deeper than {max_depth} levels")
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if not isinstance(key, str):
+                        raise InputError(f"{what} has a key that is not text: {key!r}")
+                    _check_chars(key, what)
+                    stack.append((child, depth + 1))
+            else:
+                stack.extend((child, depth + 1) for child in item)
+        else:
+            raise InputError(f"{what} holds a {type(item).__name__}, which is not JSON")
+
+
+def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_DEPTH) -> Any:
+    """Parse JSON strictly and check it (``check_json``); raise ``InputError`` saying why.
+
+    Strict: no ``NaN`` or ``Infinity``, no number that overflows a float (``1e309``), no
+    integer past 4,300 digits, UTF-8 only.
+    """
+    try:
+        value = json.loads(
+            data,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+        )
+    except RecursionError:
+        raise InputError(f"{what} is nested deeper than {max_depth} levels") from None
+    except UnicodeDecodeError as error:
+        raise InputError(f"{what} is not UTF-8: {error.reason} at byte {error.start}") from None
+    except json.JSONDecodeError as error:
+        raise InputError(f"{what} is malformed JSON: {error}") from None
+    # Text without a backslash escape cannot hold NUL or a lone surrogate: strict parsing
+    # refuses raw control characters and invalid UTF-8. Only the nesting is left to check.
+    escaped = ("\\u" if isinstance(data, str) else b"\\u") in data  # type: ignore[operator]
+    if escaped:
+        check_json(value, what, max_depth)
+    else:
+        _check_depth(value, what, max_depth)
+    return value
+
+
+def _check_depth(value: Any, what: str, max_depth: int) -> None:
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= max_depth:
+                raise InputError(f"{what} is nested deeper than {max_depth} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+
+
+def _check_chars(text: str, what: str) -> None:
+    if "\x00" in text:
+        raise InputError(f"{what} contains a NUL character (\\u0000), which cannot be stored")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            f"{what} contains a lone surrogate (e.g. \\ud800), which is not valid text"
+        ) from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise InputError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise InputError(f"an integer of more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _validated(check: Any, what: str) -> AfterValidator:
+    def validate(value: Any) -> Any:
+        try:
+            return check(value, what)
+        except InputError as error:
+            raise ValueError(str(error)) from None
+
+    return AfterValidator(validate)
+
+
+ProjectId = Annotated[
+    str,
+    Field(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS),
+    _validated(check_identifier, "project id"),
+]
+TriggerName = Annotated[
+    str,
+    Field(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS),
+    _validated(check_identifier, "trigger name"),
+]
+LaneName = Annotated[str, Field(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)]
+Text = Annotated[
+    str, Field(min_length=1, max_length=MAX_TEXT_CHARS), _validated(check_text, "text")
+]
+"""A key, an idempotency key or a task name."""
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+PositiveCount = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+RunId = Annotated[int, Field(ge=1, le=MAX_ID)]
+Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)]
+Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]

@@ -1,0 +1,192 @@
+"""Fuzzing the HTTP API: generated requests never get a 5xx or an undocumented status.
+
+- schemathesis generates requests for every operation of the server's own OpenAPI
+  document, valid and invalid ones, and sends them to a real ``tidegate serve`` with
+  the super admin's token and with a project's token;
+- hypothesis sends any bytes, under any of a few content types, to a real trigger: the
+  answer is a 2xx or a 4xx, and a 4xx stores nothing.
+
+The example counts are bounded for CI (``FUZZ_EXAMPLES``); raise them to hunt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings, strategies
+from schemathesis.checks import not_a_server_error, status_code_conformance
+
+from tests.http_fixtures import ADMIN, ApiServer, counts
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
+
+
+@pytest.fixture
+def server(
+    start_api: Callable[..., ApiServer], start_worker_process: Callable[..., Any]
+) -> ApiServer:
+    """An API server, and a worker: with none, /readyz answers 503 by design."""
+    started = start_api()
+    start_worker_process("manual>*:2")
+    return started
+
+
+def seed(server: ApiServer) -> dict[str, Any]:
+    """A project with a trigger, so that generated requests also meet real rows."""
+    with httpx.Client(base_url=server.url, headers=ADMIN, timeout=20) as client:
+        project = client.post("/admin/projects", json={"id": "acme", "fast_lane_cap": 2})
+        assert project.status_code == 201, project.text
+        trigger = client.post(
+            "/admin/projects/acme/triggers",
+            json={"name": "orders", "mode": "async", "task": "echo"},
+        )
+        assert trigger.status_code == 201, trigger.text
+        return {"token": project.json()["token"], "url": trigger.json()["url"]}
+
+
+@pytest.mark.parametrize("caller", ["admin", "project"])
+def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
+    server: ApiServer, caller: str
+) -> None:
+    seeded = seed(server)
+    token = ADMIN if caller == "admin" else {"Authorization": f"Bearer {seeded['token']}"}
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) >= 12
+    for operation in operations:
+
+        @FUZZ
+        @given(case=operation.as_strategy())
+        def call(case: schemathesis.Case) -> None:
+            case.call_and_validate(
+                base_url=server.url,
+                headers=token,
+                checks=[not_a_server_error, status_code_conformance],
+            )
+
+        call()
+    assert httpx.get(server.url + "/healthz", timeout=5).status_code == 200, (
+        "the server stopped answering"
+    )
+
+
+CONTENT_TYPES = [
+    "application/json",
+    "application/cloudevents+json",
+    "application/json; charset=utf-8",
+    "text/plain",
+    "",
+]
+
+
+def test_any_bytes_to_a_trigger_get_a_2xx_or_a_4xx_and_a_4xx_stores_nothing(
+    server: ApiServer, sql: psycopg.Connection
+) -> None:
+    url = seed(server)["url"]
+    json_values = strategies.recursive(
+        strategies.none()
+        | strategies.booleans()
+        | strategies.floats(allow_nan=True, allow_infinity=True)
+        | strategies.integers()
+        | strategies.text(),
+        lambda children: (
+            strategies.lists(children) | strategies.dictionaries(strategies.text(), children)
+        ),
+        max_leaves=20,
+    )
+    bodies = strategies.one_of(
+        strategies.binary(max_size=2048),
+        json_values.map(lambda value: repr(value).encode("utf-8", "surrogatepass")),
+        json_values.map(_json_bytes),
+    )
+
+    with httpx.Client(base_url=server.url, timeout=20) as client:
+
+        @FUZZ
+        @given(body=bodies, content_type=strategies.sampled_from(CONTENT_TYPES))
+        def send(body: bytes, content_type: str) -> None:
+            before = counts(sql)
+            headers = {"Content-Type": content_type} if content_type else {}
+            response = client.post(url, content=body, headers=headers)
+            assert response.status_code < 500, (response.status_code, response.text, body)
+            if response.status_code >= 400:
+                assert counts(sql) == before, (response.status_code, body)
+            else:
+                assert response.status_code == 202, response.text
+
+        send()
+
+
+def _json_bytes(value: Any) -> bytes:
+    """JSON text as a lenient encoder writes it: NaN, lone surrogates and all."""
+    return json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def test_any_reply_a_handler_gives_is_sent_as_asked_or_answered_502(
+    start_api: Callable[..., ApiServer], start_worker_process: Callable[..., Any]
+) -> None:
+    """A sync handler's ``$reply`` may carry what its sender sent; whatever it holds, the
+    answer is the reply it describes or a 502 naming the run, never a 500 of the server's
+    own or a broken connection."""
+    server = start_api()
+    start_worker_process("fast_lane:1")
+    with httpx.Client(base_url=server.url, headers=ADMIN, timeout=20) as admin:
+        assert admin.post("/admin/projects", json={"id": "acme"}).status_code == 201
+        created = admin.post(
+            "/admin/projects/acme/triggers",
+            json={"name": "echo", "mode": "sync", "task": "hook_reply_as_sent"},
+        )
+        assert created.status_code == 201, created.text
+    url = created.json()["url"]
+    text = strategies.text(
+        strategies.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=20
+    )
+    scalars = (
+        strategies.none()
+        | strategies.booleans()
+        | strategies.integers(-1000, 2000)
+        | strategies.floats(allow_nan=False, allow_infinity=False)
+        | text
+    )
+    statuses = strategies.sampled_from([200, 201, 204, 205, 304, 404, 500, 599]) | scalars
+    replies = strategies.fixed_dictionaries(
+        {},
+        optional={
+            "status": statuses,
+            "headers": strategies.dictionaries(text, scalars, max_size=3) | scalars,
+            "body": strategies.recursive(
+                scalars,
+                lambda children: (
+                    strategies.lists(children, max_size=3)
+                    | strategies.dictionaries(text, children, max_size=3)
+                ),
+                max_leaves=10,
+            ),
+        },
+    )
+
+    with httpx.Client(base_url=server.url, timeout=20) as client:
+
+        @FUZZ
+        @given(reply=replies)
+        def send(reply: dict[str, Any]) -> None:
+            response = client.post(url, json=reply)
+            asked = reply.get("status", 200)
+            assert response.status_code in (asked, 502), (response.status_code, reply)
+            if response.status_code == 502 and asked != 502:
+                assert isinstance(response.json()["run_id"], int)
+
+        send()
