@@ -67,6 +67,15 @@ def register(app: Tidegate) -> None:
         await asyncio.sleep(seconds)
         return "slept"
 
+    @app.task(name="async_sleep_record")
+    async def async_sleep_record(seconds: float, **_: Any) -> str:
+        started = time.time()
+        try:
+            await asyncio.sleep(seconds)
+        finally:  # also when cancelled: the row says when the handler stopped
+            record(started)
+        return "slept"
+
     @app.task(name="fail", max_attempts=3)
     async def fail(until_attempt: int = 99, **_: Any) -> str:
         run = current_run()
@@ -101,6 +110,11 @@ def register(app: Tidegate) -> None:
     @app.task(name="hook_reply")
     async def hook_reply(body: Any = None, **_: Any) -> dict[str, Any]:
         return {"$reply": {"status": 201, "headers": {"x-a": "b"}, "body": {"got": body}}}
+
+    @app.task(name="hook_reply_as_sent")
+    async def hook_reply_as_sent(body: Any = None, **_: Any) -> dict[str, Any]:
+        """Reply with whatever the webhook's body says: a handler echoing its input."""
+        return {"$reply": body}
 
 
 app = Tidegate()

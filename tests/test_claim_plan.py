@@ -1,7 +1,8 @@
 """The claim's cost must not grow with the backlog: its scans are ordered index probes.
 
-``claim_runs`` is a PL/pgSQL function; auto_explain (loaded for this session, plans
-sent to the client as notices) shows the plan of every statement it runs.
+auto_explain (loaded for this session, plans sent to the client as notices) shows the
+plan of the claim statement and of every statement the PL/pgSQL functions it calls run
+(the keyed claim, the parker).
 """
 
 from __future__ import annotations
@@ -14,6 +15,18 @@ import pytest
 from tidegate import Tidegate
 from tidegate.storage.sql import query
 
+CLAIM = {
+    "demand": 8,
+    "worker_id": "w",
+    "workloop": 0,
+    "lease_seconds": 30.0,
+    "scan_limit": 500,
+    "head_scan": 64,
+    "tasks": ["noop"],
+    "live_seconds": 30.0,
+}
+"""The parameters of a claim by worker ``w`` of 8 runs of the task ``noop``."""
+
 
 def plan_nodes(plan: dict) -> list[dict]:  # type: ignore[type-arg]
     nodes = [plan]
@@ -22,7 +35,20 @@ def plan_nodes(plan: dict) -> list[dict]:  # type: ignore[type-arg]
     return nodes
 
 
-def claim_plans(sql: psycopg.Connection, lanes: list[str], wildcard: bool) -> list[dict]:  # type: ignore[type-arg]
+def claim_plans(
+    sql: psycopg.Connection, lanes: list[str], wildcard: bool, *, keep: bool = False
+) -> tuple[list[dict], list[tuple]]:  # type: ignore[type-arg]
+    """Run one claim of 8 runs of the task ``noop``; return its plans and its rows.
+
+    The claim is rolled back unless ``keep``.
+    """
+    return explained(sql, "claim_runs", {**CLAIM, "lanes": lanes, "wildcard": wildcard}, keep)
+
+
+def explained(
+    sql: psycopg.Connection, name: str, params: dict, keep: bool = False
+) -> tuple[list[dict], list[tuple]]:  # type: ignore[type-arg]
+    """Run the query ``name``; return the plans of its statements and its rows."""
     notices: list[str] = []
     sql.add_notice_handler(lambda diag: notices.append(diag.message_primary or ""))
     sql.execute("LOAD 'auto_explain'")
@@ -34,26 +60,25 @@ def claim_plans(sql: psycopg.Connection, lanes: list[str], wildcard: bool) -> li
         ("auto_explain.log_level", "notice"),
     ]:
         sql.execute("SELECT set_config(%s, %s, false)", [setting, value])
-    params = {
-        "lanes": lanes,
-        "wildcard": wildcard,
-        "demand": 8,
-        "worker_id": "w",
-        "workloop": 0,
-        "lease_seconds": 30.0,
-        "scan_limit": 500,
-        "head_scan": 64,
-    }
-    with sql.transaction(force_rollback=True):
-        claimed = sql.execute(query("claim_runs"), params).fetchall()
+    with sql.transaction(force_rollback=not keep):
+        rows = sql.execute(query(name), params).fetchall()
     sql.execute("SELECT set_config('auto_explain.log_min_duration', '-1', false)")
-    assert len(claimed) == 8
     plans = []
     for notice in notices:
         start = notice.find("{")
         if start >= 0:
             plans.append(json.loads(notice[start:]))
-    return plans
+    return plans, rows
+
+
+def rows_read(plans: list[dict]) -> int:  # type: ignore[type-arg]
+    """Rows the claim's scans of ``runs`` returned, over every loop of every scan."""
+    return sum(
+        round(node["Actual Rows"] * node["Actual Loops"])
+        for p in plans
+        for node in plan_nodes(p["Plan"])
+        if "Scan" in node["Node Type"] and node.get("Relation Name") == "runs"
+    )
 
 
 @pytest.mark.parametrize(("lanes", "wildcard"), [(["fast_lane"], False), (["manual"], True)])
@@ -72,7 +97,8 @@ def test_claim_scans_its_indexes_and_never_the_backlog(
     # Fewer manual runs than the demand: `manual>*` goes on to its `*` scan.
     sql.execute("INSERT INTO runs (project, lane, key, task) VALUES ('p', 'manual', 'k', 'noop')")
     sql.execute("ANALYZE runs")
-    plans = claim_plans(sql, lanes, wildcard)
+    plans, claimed = claim_plans(sql, lanes, wildcard)
+    assert len(claimed) == 8
     texts = [p["Query Text"] for p in plans]
     scans = {
         (node["Node Type"], node.get("Index Name"), node.get("Relation Name"))
@@ -96,7 +122,8 @@ def test_probe_of_an_empty_lane_stays_on_its_index_when_one_lane_holds_everythin
         " SELECT 'p', 'default', 'k', 'noop', i FROM generate_series(1, 30000) AS i"
     )
     sql.execute("ANALYZE runs")  # one distinct lane: the planner's trap
-    plans = claim_plans(sql, ["manual"], True)
+    plans, claimed = claim_plans(sql, ["manual"], True)
+    assert len(claimed) == 8
     probes = [
         node
         for p in plans
@@ -104,3 +131,55 @@ def test_probe_of_an_empty_lane_stays_on_its_index_when_one_lane_holds_everythin
         if "Scan" in node["Node Type"] and node.get("Rows Removed by Filter", 0) > 1000
     ]
     assert not probes, probes  # no index scan that reads the backlog to find nothing
+
+
+@pytest.mark.parametrize("limits", [False, True], ids=["set-based", "with-key-limits"])
+@pytest.mark.parametrize(("lanes", "wildcard"), [(["default"], False), (["manual"], True)])
+def test_a_backlog_of_a_task_no_worker_has_costs_each_claim_a_bounded_scan(
+    app: Tidegate, sql: psycopg.Connection, lanes: list[str], wildcard: bool, limits: bool
+) -> None:
+    """100,000 runs of a task nobody has, ahead of runnable ones in the same lane."""
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', 'default', 'k' || (i % 50), 'nobody.has_it', i"
+        " FROM generate_series(1, 100000) AS i"
+    )
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', 'default', 'k', 'noop', 100000 + i FROM generate_series(1, 20) AS i"
+    )
+    if limits:
+        sql.execute("INSERT INTO key_policies (lane, key, max_running) VALUES ('default', '*', 99)")
+    chain = [*lanes, "*"] if wildcard else lanes
+    sql.execute(
+        "INSERT INTO workers (id, host, pid, workloops, tasks) VALUES ('w', 'h', 1, %s, '{noop}')",
+        [json.dumps([{"chain": chain, "slots": 8, "busy": 0}])],
+    )
+    sql.execute("ANALYZE runs")
+    # A claim reads at most its scan limit (500) per probe and the rows it updates,
+    # whatever the backlog behind them; the keyed claim then sets the strays it passed
+    # pending itself, the set-based one leaves them to the parker.
+    plans, rows = claim_plans(sql, lanes, wildcard, keep=True)
+    assert rows_read(plans) <= 3 * 500 + 2 * 8, rows_read(plans)
+    assert {row[6] for row in rows} == ({"pending"} if limits else set())
+    claim = {**CLAIM, "lanes": lanes, "wildcard": wildcard}
+    park = {key: claim[key] for key in ("lanes", "wildcard", "tasks", "scan_limit")}
+    park["live_seconds"] = 30.0
+    # The parker reads no more than a claim, and each round clears a lane's head.
+    plans, parked = explained(sql, "park_strays", park, keep=True)
+    assert rows_read(plans) <= 3 * 500, rows_read(plans)
+    assert parked and {row[6] for row in parked} == {"pending"}
+    for _ in range(100_000 // 500):
+        rows = sql.execute(query("claim_runs"), claim).fetchall()
+        if any(row[6] == "running" for row in rows):
+            break
+        assert {row[6] for row in rows} <= {"pending"}
+        sql.execute(query("park_strays"), park)
+    else:
+        raise AssertionError("the runnable runs were never claimed")
+    claimed = sql.execute("SELECT task, count(*) FROM runs WHERE state = 'running' GROUP BY 1")
+    assert claimed.fetchall() == [("noop", 8)]
+    spent = sql.execute("SELECT count(*) FROM runs WHERE task = 'nobody.has_it' AND attempt > 0")
+    assert spent.fetchone() == (0,)
+    left = sql.execute("SELECT state, count(*) FROM runs WHERE task = 'nobody.has_it' GROUP BY 1")
+    assert dict(left.fetchall()).get("available", 0) < 500

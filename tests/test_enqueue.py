@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import psycopg
 import pytest
@@ -47,6 +50,45 @@ def test_bad_enqueue_is_a_clear_error_and_stores_nothing(
         app.enqueue("echo", lane="no spaces")
     with pytest.raises(EnqueueError, match="priority"):
         app.enqueue("echo", priority=10)
+    assert sql.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
+@pytest.mark.parametrize(
+    ("task", "args", "options", "reason"),
+    [
+        ("echo", {"a": "x\x00y"}, {}, "NUL"),
+        ("echo", {"a\x00": 1}, {}, "NUL"),
+        ("echo", {"a": "\ud800"}, {}, "lone surrogate"),
+        ("echo", {"a": float("nan")}, {}, "JSON cannot represent"),
+        ("echo", {"a": float("inf")}, {}, "JSON cannot represent"),
+        ("echo", {"a": 10**5000}, {}, "4300 digits"),
+        ("echo", {"a": {1: 2}}, {}, "key that is not text"),
+        ("echo", {"when": datetime.now(UTC)}, {}, "datetime, which is not JSON"),
+        ("echo", {"deep": json.loads("[" * 70 + "]" * 70)}, {}, "deeper than 64"),
+        ("echo\x00", {}, {}, "task name contains a NUL"),
+        ("t" * 256, {}, {}, "task name must be 1 to 255"),
+        ("echo", {}, {"key": "k" * 10_000}, "key of a run of 'echo' must be 1 to 255"),
+        ("echo", {}, {"key": "k\x00"}, "NUL"),
+        ("echo", {}, {"project": "a b"}, "project id must match"),
+        ("echo", {}, {"lane": "l" * 65}, "lane name must match"),
+        ("echo", {}, {"idempotency_key": "i" * 256}, "idempotency key must be 1 to 255"),
+        ("echo", {}, {"max_attempts": 40_000}, "max_attempts of 'echo' must be 1 to 1000"),
+        ("echo", {}, {"delay": float("nan")}, "delay must be"),
+        ("echo", {}, {"delay": 1e12}, "delay must be 0 to 3650 days"),
+    ],
+)
+def test_values_postgresql_cannot_hold_are_refused_at_enqueue(
+    app: Tidegate,
+    sql: psycopg.Connection,
+    task: str,
+    args: dict[Any, Any],
+    options: dict[str, Any],
+    reason: str,
+) -> None:
+    with pytest.raises(EnqueueError, match=re.escape(reason)):
+        app.enqueue(task, args, **options)
+    with pytest.raises(EnqueueError, match=re.escape(reason)):
+        app.enqueue_many([NewRun("echo", {}), NewRun(task, args, **options)])
     assert sql.execute("SELECT count(*) FROM runs").fetchone() == (0,)
 
 

@@ -7,6 +7,7 @@ from the database.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -163,6 +164,47 @@ async def test_sigterm_hands_back_runs_that_outlast_the_grace_period(
         assert run.lease_expires_at is None
     assert count(sql, "state = 'running'") == 0
     assert workers(sql) == 0
+
+
+async def test_sigterm_never_hands_back_a_run_whose_handler_still_executes(
+    app: Tidegate,
+    settings: Settings,
+    sql: psycopg.Connection,
+    processes: list[subprocess.Popen[bytes]],
+) -> None:
+    """Sync handlers cannot be interrupted; async ones are stopped before hand-back."""
+    first = spawn_worker(settings, "manual>*:8", "--shutdown-grace-seconds", "0.3")
+    processes.append(first)
+    await wait_until(lambda: workers(sql) == 1, 20)
+    runs = app.enqueue_many(
+        [NewRun("sleep", {"seconds": 4}) for _ in range(4)]
+        + [NewRun("async_sleep_record", {"seconds": 4}) for _ in range(4)]
+    )
+    await wait_until(lambda: count(sql, "state = 'running'") == 8, 10)
+    second = spawn_worker(settings, "manual>*:8")  # takes whatever is handed back
+    processes.append(second)
+    await wait_until(lambda: workers(sql) == 2, 20)
+
+    assert stop_worker(first, timeout=20) == 0
+    await wait_until(lambda: count(sql, "state = 'succeeded'") == 8, 20)
+
+    executions: dict[int, list[tuple[Any, Any, int]]] = {}
+    for run_id, started, finished, pid in sql.execute(
+        "SELECT run_id, started_at, finished_at, pid FROM executions ORDER BY started_at"
+    ):
+        executions.setdefault(run_id, []).append((started, finished, pid))
+    for run in runs:
+        ran = executions[run.id]
+        # Never two executions of one run at a time: each starts after the last stopped.
+        for (_, stopped, _), (started, _, _) in itertools.pairwise(ran):
+            assert started >= stopped, (run.task, ran)
+        if run.task == "sleep":
+            # Waited for, not handed back: one execution, its outcome written by the first.
+            assert [pid for _, _, pid in ran] == [first.pid], ran
+        else:
+            # Stopped, then handed back, then run again by the second worker.
+            assert [pid for _, _, pid in ran] == [first.pid, second.pid], ran
+    assert count(sql, "attempt = 1 AND errors = '[]'") == 8
 
 
 def test_processes_migrating_at_once_apply_each_migration_once(

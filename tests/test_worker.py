@@ -171,26 +171,6 @@ async def test_attempt_over_the_task_timeout_is_discarded_with_a_timeout_error(
     assert "0.2s" in done.errors[0]["error"]
 
 
-async def test_unknown_task_fails_with_a_clear_error_and_the_worker_stays_up(
-    app: Tidegate,
-) -> None:
-    unknown = app.enqueue("no_such_task", {"x": 1}, max_attempts=2)
-    async with running_worker(app, "manual>*:1"):
-        await wait_until(lambda: finished(app, [unknown.id]), 10)
-        after = app.enqueue("echo", {"still": "up"})
-        await wait_until(lambda: finished(app, [after.id]), 10)
-
-    done = app.get_run(unknown.id)
-    assert done is not None
-    assert done.state is RunState.DISCARDED
-    assert [e["error"] for e in done.errors] == [
-        "UnknownTaskError: no task named 'no_such_task' is registered on this worker"
-    ] * 2
-    survivor = app.get_run(after.id)
-    assert survivor is not None
-    assert survivor.state is RunState.SUCCEEDED and survivor.result == {"still": "up"}
-
-
 async def test_delayed_run_starts_only_once_it_is_due(app: Tidegate) -> None:
     run = app.enqueue("echo", {"late": True}, delay=0.3)
     assert run.state is RunState.SCHEDULED

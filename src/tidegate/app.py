@@ -22,25 +22,36 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
+import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate import policies
-from tidegate.errors import EnqueueError
-from tidegate.lanes import LANE_NAME
+from tidegate.errors import ConfigError, EnqueueError, InputError
+from tidegate.limits import check_identifier, check_json, check_lane, check_text
+from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import Run, RunState, run_row
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
 from tidegate.storage.migrate import migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive
 
-DEFAULT_PROJECT = "default"
 DEFAULT_LANE = "default"
+MAX_ATTEMPTS = 1000
+"""The most attempts a run may have (the column is a smallint; no task needs more)."""
+MAX_DELAY = timedelta(days=3650)
+WORKER_CHECK_SECONDS = 60.0
+"""How often, at most, an enqueue looks whether a live worker has its task."""
+
+log = logging.getLogger("tidegate")
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -97,6 +108,8 @@ class Tidegate:
         self.database = Database(self.settings)
         self.tasks: dict[str, Task] = {}
         self._async_pool: tuple[asyncio.AbstractEventLoop, AsyncConnectionPool] | None = None
+        self._worker_checks: dict[tuple[str, str], float] = {}
+        """When each (lane, task) was last found to have a live worker, or not."""
 
     @property
     def available_channel(self) -> str:
@@ -147,9 +160,16 @@ class Tidegate:
         """
 
         def register(fn: F) -> Task:
-            _check_lane(lane)
+            try:
+                check_lane(lane)
+            except InputError as error:
+                raise ConfigError(str(error)) from None
+            if max_attempts is not None and not 1 <= max_attempts <= MAX_ATTEMPTS:
+                raise ConfigError(f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {max_attempts}")
+            if timeout is not None and not 0 < timeout <= MAX_DELAY.total_seconds():
+                raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
             task = Task(
-                name=name or f"{fn.__module__}.{fn.__qualname__}",
+                name=name or task_name(fn),
                 fn=fn,
                 lane=lane,
                 max_attempts=max_attempts,
@@ -187,6 +207,7 @@ class Tidegate:
         if not new:
             return []
         rows = [self._row(n) for n in new]
+        yield from self._warn_of_tasks_without_worker(rows)
         if len(rows) == 1:
             one = {**rows[0], "args": json.dumps(rows[0]["args"], default=_iso)}
             params = {**one, "channel": self.available_channel}
@@ -232,35 +253,80 @@ class Tidegate:
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 
+    def _warn_of_tasks_without_worker(self, rows: Sequence[dict[str, Any]]) -> Steps[None]:
+        """Warn when runs are enqueued for a task no live worker has (their lane's).
+
+        Not an error: a fleet may be mid-deploy, and the runs wait (``pending``) until
+        such a worker starts. Each (lane, task) is looked up at most once a minute per
+        process, so enqueueing costs no extra round trip in the steady state.
+        """
+        now = time.monotonic()
+        due = sorted(
+            {(row["lane"], row["task"]) for row in rows}
+            - {
+                route
+                for route, at in self._worker_checks.items()
+                if now - at < WORKER_CHECK_SECONDS
+            }
+        )
+        if not due:
+            return
+        params = {
+            "lanes": [lane for lane, _ in due],
+            "tasks": [task for _, task in due],
+            "live_seconds": 3 * self.settings.heartbeat_seconds,
+        }
+        for lane, task, has_worker in (yield Statement("find_task_workers", params)):
+            self._worker_checks[(lane, task)] = now
+            if not has_worker:
+                log.warning(
+                    "no live worker has task %r for lane %r: its runs wait until one starts "
+                    "(tidegate worker --app <module>:<app>)",
+                    task,
+                    lane,
+                )
+
     def _row(self, n: NewRun) -> dict[str, Any]:
-        """Resolve one ``NewRun`` against its task and the defaults into a row to insert."""
+        """Resolve one ``NewRun`` against its task and the defaults into a row to insert.
+
+        Every value is checked against ``tidegate.limits`` here, so that nothing the
+        enqueue accepts fails in the database or in a worker.
+        """
         task = n.task if isinstance(n.task, Task) else self.tasks.get(n.task)
         name = n.task if isinstance(n.task, str) else n.task.name
         args = {} if n.args is None else n.args
-        if not isinstance(args, dict):
-            raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
-        lane = n.lane or (task.lane if task else DEFAULT_LANE)
-        _check_lane(lane)
+        try:
+            check_text(name, "task name")
+            if not isinstance(args, dict):
+                raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
+            check_json(args, f"args of {name!r}", self.settings.max_json_depth)
+            check_identifier(n.project, "project id")
+            lane = check_lane(n.lane or (task.lane if task else DEFAULT_LANE))
+            key = n.key or (task.key(args) if task and task.key else n.project)
+            check_text(key, f"key of a run of {name!r}")
+            if n.idempotency_key is not None:
+                check_text(n.idempotency_key, "idempotency key")
+        except InputError as error:
+            raise EnqueueError(str(error)) from None
         priority = n.priority if n.priority is not None else (task.priority if task else 0)
-        if not 0 <= priority <= 9:
-            raise EnqueueError(f"priority of {name!r} must be 0 (first) to 9, got {priority}")
-        scheduled_at = n.run_at
-        if n.delay is not None:
-            delay = n.delay if isinstance(n.delay, timedelta) else timedelta(seconds=n.delay)
-            scheduled_at = datetime.now(UTC) + delay
+        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+            raise EnqueueError(f"priority of {name!r} must be 0 (first) to 9, got {priority!r}")
+        max_attempts = (
+            n.max_attempts or (task.max_attempts if task else None) or self.settings.max_attempts
+        )
+        if not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS:
+            raise EnqueueError(
+                f"max_attempts of {name!r} must be 1 to {MAX_ATTEMPTS}, got {max_attempts!r}"
+            )
         return {
             "project": n.project,
             "lane": lane,
-            "key": n.key or (task.key(args) if task and task.key else n.project),
+            "key": key,
             "task": name,
             "args": args,
             "priority": priority,
-            "max_attempts": (
-                n.max_attempts
-                or (task.max_attempts if task else None)
-                or self.settings.max_attempts
-            ),
-            "scheduled_at": scheduled_at,
+            "max_attempts": max_attempts,
+            "scheduled_at": _scheduled_at(n),
             "idempotency_key": n.idempotency_key,
         }
 
@@ -359,6 +425,26 @@ class Tidegate:
             return await adrive(conn, steps)
 
 
+def task_name(fn: Callable[..., Any]) -> str:
+    """Return a handler's default task name: ``module.qualname``, however it was loaded.
+
+    A module run as a script (``python myapp.py``) is ``__main__`` to Python, but the
+    worker imports it as ``myapp``: the name uses the module's import name in both cases
+    (``python -m pkg.mod`` gives ``pkg.mod``, ``python path/myapp.py`` gives ``myapp``),
+    so runs enqueued by the script are runs of the worker's tasks.
+    """
+    module = fn.__module__
+    if module == "__main__":
+        main = sys.modules["__main__"]
+        spec = getattr(main, "__spec__", None)
+        path = getattr(main, "__file__", None)
+        if spec is not None and spec.name != "__main__":
+            module = spec.name.removesuffix(".__main__")
+        elif path:
+            module = Path(path).stem
+    return f"{module}.{fn.__qualname__}"
+
+
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
     """Build a just-inserted run from what was sent and what the database assigned."""
     return Run(
@@ -393,6 +479,14 @@ def _all(statement: Statement) -> Steps[list[Run]]:
     return (yield statement)
 
 
-def _check_lane(lane: str) -> None:
-    if not LANE_NAME.fullmatch(lane):
-        raise EnqueueError(f"lane name {lane!r} must match [A-Za-z0-9_]+")
+def _scheduled_at(n: NewRun) -> datetime | None:
+    """When the run is due: ``run_at``, or ``delay`` from now; ``None``: at once."""
+    if n.delay is None:
+        return n.run_at
+    try:
+        delay = n.delay if isinstance(n.delay, timedelta) else timedelta(seconds=n.delay)
+    except (TypeError, ValueError, OverflowError):
+        raise EnqueueError(f"delay must be seconds or a timedelta, got {n.delay!r}") from None
+    if not timedelta(0) <= delay <= MAX_DELAY:
+        raise EnqueueError(f"delay must be 0 to {MAX_DELAY.days} days, got {n.delay!r}")
+    return datetime.now(UTC) + delay

@@ -4,6 +4,11 @@
 server, started on first use) and hands out pools whose connections all have
 ``search_path`` set to tidegate's schema, so statements never format the schema in.
 
+A connection attempt gives up after ``CONNECT_TIMEOUT_SECONDS`` unless the URL's
+``connect_timeout`` or ``PGCONNECT_TIMEOUT`` says otherwise, and ``describe_failure``
+turns what psycopg raises into the one line a person needs (``cannot reach PostgreSQL
+at 127.0.0.1:1: connection refused``): where the server is (never its password) and why.
+
 Behind PgBouncer in transaction mode, startup ``options`` and ``LISTEN`` do not work:
 point workers (which LISTEN) at PostgreSQL directly, and give PgBouncer
 ``ignore_startup_parameters = options`` with a per-user ``search_path`` instead.
@@ -11,17 +16,43 @@ point workers (which LISTEN) at PostgreSQL directly, and give PgBouncer
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import threading
 
 import psycopg
-from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
+from tidegate.errors import UnavailableError
 from tidegate.settings import Settings
 from tidegate.storage.embedded import start_embedded
 from tidegate.storage.migrate import migrate
 
 RECONNECT_SECONDS = 5.0
+CONNECT_TIMEOUT_SECONDS = 3
+"""How long one connection attempt waits for the server (libpq's ``connect_timeout``,
+whole seconds, at least 2): long enough for a remote server's TLS handshake, short
+enough that a command against a server that does not answer fails within seconds."""
+TRANSIENT_CLASSES = ("08", "53", "57", "40")
+"""SQLSTATE classes worth the same statement again later: connection exceptions,
+insufficient resources, operator intervention (shutdown, restart), rollbacks
+(serialization failures, deadlocks)."""
+
+
+def transient(error: BaseException) -> bool:
+    """Tell whether a database error passes by itself (an outage, a restart, a deadlock).
+
+    Anything else (a refused value, a missing permission, a violated constraint) is the
+    statement's or the data's: retrying it unchanged gives the same error.
+    """
+    if not isinstance(error, psycopg.Error):
+        return False
+    sqlstate = error.sqlstate
+    # No SQLSTATE: the failure was the client's (connection refused, server gone,
+    # pool timeout), not the server's answer.
+    return sqlstate is None or sqlstate.startswith(TRANSIENT_CLASSES) or sqlstate == "25006"
 
 
 class Database:
@@ -48,13 +79,24 @@ class Database:
         options = f"-c search_path={self.settings.schema}"
         if not synchronous_commit:
             options += " -c synchronous_commit=off"
-        return make_conninfo(self.url(), options=options, application_name="tidegate")
+        url = self.url()
+        timeout = {}
+        if "connect_timeout" not in conninfo_to_dict(url) and "PGCONNECT_TIMEOUT" not in os.environ:
+            timeout["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
+        return make_conninfo(url, options=options, application_name="tidegate", **timeout)
 
     def url(self) -> str:
         """Return the server's URL, starting (and migrating) the embedded one if needed."""
         with self._lock:
             if self._url is None:
-                url = start_embedded(self.settings.data_dir)
+                try:
+                    url = start_embedded(self.settings.data_dir)
+                except (OSError, subprocess.SubprocessError) as error:
+                    # A folder that cannot be written, or initdb or pg_ctl failing (the
+                    # wrapper has logged the server's own log at ERROR by then).
+                    raise UnavailableError(
+                        f"cannot start {describe_database(self.settings)}: {error}"
+                    ) from error
                 with psycopg.connect(url, autocommit=True) as conn:
                     migrate(conn, self.settings.schema)  # tidegate owns this server
                 self._url = url
@@ -70,6 +112,10 @@ class Database:
         """Return the process's shared sync pool (opened on first use)."""
         with self._lock:
             if self._pool is None:
+                # One connection first, outside the pool: an unreachable server fails
+                # here at once with libpq's reason, not after the pool's 30 s wait for
+                # a connection that never comes.
+                psycopg.connect(self.conninfo()).close()
                 self._pool = ConnectionPool(
                     self.conninfo(),
                     min_size=1,
@@ -109,3 +155,59 @@ class Database:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+
+def describe_database(settings: Settings, *, name: bool = False) -> str:
+    """Say where the database is, for people: never its password.
+
+    ``PostgreSQL at db.example.com:5432`` (with ``name``: ``..., database "app"``),
+    ``PostgreSQL on socket /run/postgresql/.s.PGSQL.5432``, or ``the embedded PostgreSQL
+    in /srv/app/.tidegate``.
+    """
+    if settings.database_url is None:
+        return f"the embedded PostgreSQL in {settings.data_dir.expanduser().resolve()}"
+    params = conninfo_to_dict(settings.database_url)
+    host = str(params.get("host") or os.environ.get("PGHOST") or "localhost")
+    port = str(params.get("port") or os.environ.get("PGPORT") or 5432)
+    where = (
+        f"PostgreSQL on socket {host}/.s.PGSQL.{port}"
+        if host.startswith("/")
+        else f"PostgreSQL at {host}:{port}"
+    )
+    if name and params.get("dbname"):
+        where += f', database "{params["dbname"]}"'
+    return where
+
+
+def describe_failure(error: psycopg.Error, settings: Settings) -> str:
+    """Say in one line why the database could not be used, and where it is.
+
+    libpq's text runs over several lines and says what went wrong in its last clause
+    (``connection to server at "127.0.0.1", port 1 failed: Connection refused``, then a
+    hint); a person needs that clause and where the server is. An error the server
+    answered to a statement keeps its SQLSTATE.
+    """
+    where = describe_database(settings)
+    text = str(error).strip()
+    first = text.splitlines()[0].strip() if text else type(error).__name__
+    if isinstance(error, PoolTimeout):
+        return f"no connection to {where} in time: {first}"
+    if error.sqlstate is not None:
+        return f"{where} refused a statement: [{error.sqlstate}] {first}"
+    reason = first.rsplit(" failed: ", 1)[-1].removeprefix("FATAL:").strip()
+    lowered = reason.lower()
+    if "connection refused" in lowered:
+        return f"cannot reach {where}: connection refused"
+    if "timeout expired" in lowered:
+        return f"cannot reach {where}: no answer (timed out)"
+    if "no such file or directory" in lowered:
+        return f"cannot reach {where}: no server is listening there"
+    if "resolve host" in lowered or "translate host name" in lowered:
+        return f"cannot reach {where}: unknown host"
+    if missing := re.fullmatch(r'database (".*") does not exist', reason):
+        return f"{where} has no database {missing[1]}: create it, or name another in the URL"
+    if "authentication" in lowered or re.fullmatch(r'role ".*" does not exist', reason):
+        return f"cannot log in to {where}: {reason}"
+    if first.startswith("connection failed"):
+        return f"cannot reach {where}: {reason}"
+    return f"lost the connection to {where}: {reason}"

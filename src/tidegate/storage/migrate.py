@@ -1,9 +1,9 @@
 """Forward-only schema migrations.
 
 Migrations are the numbered files ``migrations/NNNN_name.sql``. ``migrate`` applies the
-missing ones in order, in one transaction, under a transaction-scoped advisory lock on
-the schema's name, so two processes migrating at once apply each file exactly once: the
-second waits, then finds nothing left to do.
+missing ones in order, each in its own transaction, under a session-level advisory lock
+on the schema's name, so two processes migrating at once apply each file exactly once:
+the second waits, then finds nothing left to do.
 """
 
 from __future__ import annotations
@@ -42,28 +42,48 @@ def latest_version() -> int:
 
 
 def migrate(conn: psycopg.Connection, schema: str) -> list[int]:
-    """Apply the migrations this schema lacks; return the versions applied."""
+    """Apply the migrations this schema lacks; return the versions applied.
+
+    ``conn`` must be in autocommit mode: each migration commits on its own, so a later
+    one can use what an earlier one added (a value added to an enum type cannot be used
+    in the transaction that added it). A session-level advisory lock on the schema's
+    name is held throughout, so two processes migrating at once apply each file exactly
+    once: the second waits, then finds nothing left to do.
+    """
     applied_now = []
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"tidegate.migrate.{schema}"])
-        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-        conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
-        conn.execute(
-            "CREATE TABLE IF NOT EXISTS migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        done = {row[0] for row in conn.execute("SELECT version FROM migrations")}
+    lock = [f"tidegate.migrate.{schema}"]
+    conn.execute("SELECT pg_advisory_lock(hashtext(%s))", lock)
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+            conn.execute(
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {}.migrations ("
+                    " version integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                ).format(sql.Identifier(schema))
+            )
+        done = set(_applied(conn, schema))
         for migration in migrations():
             if migration.version in done:
                 continue
-            conn.execute(migration.text.encode())
-            conn.execute(
-                "INSERT INTO migrations (version, name) VALUES (%s, %s)",
-                [migration.version, migration.name],
-            )
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+                conn.execute(migration.text.encode())
+                conn.execute(
+                    "INSERT INTO migrations (version, name) VALUES (%s, %s)",
+                    [migration.version, migration.name],
+                )
             applied_now.append(migration.version)
+    finally:
+        if not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", lock)
     return applied_now
+
+
+def _applied(conn: psycopg.Connection, schema: str) -> list[int]:
+    query = sql.SQL("SELECT version FROM {}.migrations").format(sql.Identifier(schema))
+    return [row[0] for row in conn.execute(query)]
 
 
 def schema_version(conn: psycopg.Connection, schema: str) -> int:

@@ -1,17 +1,21 @@
 """Run one attempt of a run's handler and turn what happened into an ``Outcome``.
 
 Async handlers run on the event loop, sync handlers in the worker's thread pool. A
-task's ``timeout`` bounds the attempt: an async handler is cancelled; a sync handler's
-thread cannot be stopped from outside, so the attempt is recorded as failed and the
-thread's eventual return is ignored.
+task's ``timeout`` bounds the attempt: an async handler is cancelled, and the attempt
+ends once it has stopped. A thread cannot be stopped from outside, so a sync handler
+past its timeout, or still running when the worker shuts down, is waited for: its run
+stays leased and its slot taken until the thread returns. A run is never retried or
+handed back while its handler may still be executing (DESIGN.md, invariant 8).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import json
+import logging
 import random
 import traceback
 from concurrent.futures import Executor
@@ -20,11 +24,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tidegate.app import Task
-from tidegate.errors import UnknownTaskError
+from tidegate.errors import InputError
+from tidegate.limits import check_json
 from tidegate.runs import Cancel, Retry, Run, RunState, _current_run
 from tidegate.settings import Settings
 
+log = logging.getLogger("tidegate.worker")
+
 MAX_TRACEBACK_CHARS = 4000
+MAX_MESSAGE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,8 @@ class Outcome:
     """The result as JSON text."""
     error: str | None = None
     """This attempt's error entry as JSON text."""
+    message: str | None = None
+    """The error in one line, ``Type: message``, for the log."""
     delay_seconds: float = 0.0
     max_attempts: int = 1
 
@@ -58,19 +68,22 @@ class Outcome:
         return row
 
 
-async def execute(run: Run, task: Task | None, executor: Executor, settings: Settings) -> Outcome:
-    """Run the handler of ``run`` once and return its outcome; never raises but cancel."""
+async def execute(run: Run, task: Task, executor: Executor, settings: Settings) -> Outcome:
+    """Run the handler of ``run`` once and return its outcome.
+
+    Never raises, but ``CancelledError`` when an async handler was cancelled (the
+    worker's shutdown): it has stopped then, and the run can be handed back.
+    """
     token = _current_run.set(run)
     try:
-        if task is None:
-            raise UnknownTaskError(f"no task named {run.task!r} is registered on this worker")
         if task.is_async:
             pending = task.fn(**run.args)
+            result = (
+                await asyncio.wait_for(pending, task.timeout) if task.timeout else await pending
+            )
         else:
-            call = functools.partial(contextvars.copy_context().run, task.fn, **run.args)
-            pending = asyncio.get_running_loop().run_in_executor(executor, call)
-        result = await asyncio.wait_for(pending, task.timeout) if task.timeout else await pending
-        return _finished(run, RunState.SUCCEEDED, result=_result_json(result))
+            result = await _in_thread(run, task, executor)
+        return _finished(run, RunState.SUCCEEDED, result=_result_json(result, settings))
     except Retry as retry:
         # A requested retry is not a failure: it gives the attempt back.
         return _finished(
@@ -80,14 +93,47 @@ async def execute(run: Run, task: Task | None, executor: Executor, settings: Set
             max_attempts=run.max_attempts + 1,
         )
     except Cancel as cancel:
-        return _finished(run, RunState.CANCELLED, error=_error(run, f"Cancel: {cancel.reason}"))
+        error, message = _error(run, f"Cancel: {cancel.reason}")
+        return _finished(run, RunState.CANCELLED, error=error, message=message)
     except TimeoutError:
-        timeout = task.timeout if task else None
-        return _failed(run, task, settings, f"TimeoutError: attempt exceeded {timeout}s", None)
+        return _failed(run, task, settings, f"TimeoutError: attempt exceeded {task.timeout}s", None)
     except Exception as exc:
         return _failed(run, task, settings, f"{type(exc).__name__}: {exc}", exc)
     finally:
         _current_run.reset(token)
+
+
+async def _in_thread(run: Run, task: Task, executor: Executor) -> Any:
+    """Run a sync handler in the pool; return (or raise) only once its thread is done.
+
+    Past the task's timeout the attempt fails, but only after the thread returns. When
+    the worker cancels it (shutdown past its grace period), the thread is waited for and
+    its own result is the attempt's outcome: it did run to the end.
+    """
+    call = functools.partial(contextvars.copy_context().run, task.fn, **run.args)
+    thread = asyncio.get_running_loop().run_in_executor(executor, call)
+    try:
+        return await asyncio.wait_for(asyncio.shield(thread), task.timeout)
+    except TimeoutError:
+        log.warning(
+            "run %d (task %s): past its %ss timeout; a thread cannot be stopped, so the run "
+            "stays leased until the handler returns",
+            run.id,
+            run.task,
+            task.timeout,
+        )
+        await _settled(thread)
+        raise
+    except asyncio.CancelledError:
+        await _settled(thread)
+        return thread.result()
+
+
+async def _settled(future: asyncio.Future[Any]) -> None:
+    """Wait until ``future`` is done, whatever cancels the waiting meanwhile."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([future])
 
 
 def backoff_seconds(attempt: int, settings: Settings) -> float:
@@ -103,17 +149,13 @@ def backoff_seconds(attempt: int, settings: Settings) -> float:
 
 
 def _failed(
-    run: Run, task: Task | None, settings: Settings, message: str, exc: BaseException | None
+    run: Run, task: Task, settings: Settings, message: str, exc: BaseException | None
 ) -> Outcome:
-    error = _error(run, message, exc)
+    error, message = _error(run, message, exc)
     if run.attempt >= run.max_attempts:
-        return _finished(run, RunState.DISCARDED, error=error)
-    delay = (
-        task.backoff(run.attempt)
-        if task and task.backoff
-        else backoff_seconds(run.attempt, settings)
-    )
-    return _finished(run, RunState.SCHEDULED, error=error, delay_seconds=delay)
+        return _finished(run, RunState.DISCARDED, error=error, message=message)
+    delay = task.backoff(run.attempt) if task.backoff else backoff_seconds(run.attempt, settings)
+    return _finished(run, RunState.SCHEDULED, error=error, message=message, delay_seconds=delay)
 
 
 def _finished(
@@ -122,6 +164,7 @@ def _finished(
     *,
     result: str | None = None,
     error: str | None = None,
+    message: str | None = None,
     delay_seconds: float = 0.0,
     max_attempts: int | None = None,
 ) -> Outcome:
@@ -132,26 +175,41 @@ def _finished(
         state=state,
         result=result,
         error=error,
+        message=message,
         delay_seconds=delay_seconds,
         max_attempts=max_attempts or run.max_attempts,
     )
 
 
-def _error(run: Run, message: str, exc: BaseException | None = None) -> str:
+def _error(run: Run, message: str, exc: BaseException | None = None) -> tuple[str, str]:
+    """Return an attempt's error entry (JSON text) and its one-line message."""
+    message = _storable(message)[:MAX_MESSAGE_CHARS]
     entry: dict[str, Any] = {
         "attempt": run.attempt,
         "at": datetime.now(UTC).isoformat(),
         "error": message,
     }
     if exc is not None:
-        entry["traceback"] = "".join(traceback.format_exception(exc))[-MAX_TRACEBACK_CHARS:]
-    return json.dumps(entry)
+        entry["traceback"] = _storable("".join(traceback.format_exception(exc)))[
+            -MAX_TRACEBACK_CHARS:
+        ]
+    return json.dumps(entry), message
 
 
-def _result_json(result: Any) -> str | None:
+def _storable(text: str) -> str:
+    """Return ``text`` with what jsonb cannot hold (NUL, lone surrogates) spelled out.
+
+    An exception's message is whatever a handler put in it; it must not stop the
+    attempt's outcome from being written.
+    """
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _result_json(result: Any, settings: Settings) -> str | None:
     if result is None:
         return None
     try:
-        return json.dumps(result)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"a handler's result must be JSON, got {type(result).__name__}") from exc
+        check_json(result, "the handler's result", settings.max_json_depth)
+    except InputError as error:
+        raise TypeError(str(error)) from None
+    return json.dumps(result)

@@ -6,15 +6,25 @@ lends slots to another, so a fast-lane slot is free when a fast-lane run arrives
 however long the backlog elsewhere. A workloop wakes on a NOTIFY for a lane its chain
 admits, on a slot freeing, or, as a safety net, every ``poll_seconds``.
 
+A worker claims only runs of the tasks it has (its app's tasks when it starts, also
+advertised in its row): a claim passes over a run of another task, leaving it for a
+worker that has it. When no live worker has it, the parker (every ``stage_seconds``)
+sets it ``pending`` until one starts, out of the claims' way. No attempt is spent for
+want of a task.
+
 Shutdown (SIGTERM/SIGINT): stop claiming, let in-flight runs finish for up to
-``shutdown_grace_seconds``, hand the rest back to ``available`` (attempt not counted),
-write every outcome, remove the worker row. No run is left ``running``.
+``shutdown_grace_seconds``, then cancel async handlers and hand their runs back to
+``available`` (attempt not counted) once they have stopped. Sync handlers cannot be
+stopped: their runs stay leased until their threads return, and their outcomes are
+written. A second signal exits at once; runs still leased are then rescued when their
+leases lapse. No run is handed back while its handler may still be executing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -29,19 +39,22 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate.app import Tidegate
-from tidegate.lanes import WorkloopSpec, chain_admits
-from tidegate.runs import Run, run_row
+from tidegate.lanes import BUILTIN_LANES, WorkloopSpec, chain_admits
+from tidegate.runs import Run, RunState, run_row
 from tidegate.settings import Settings
+from tidegate.storage.database import transient
 from tidegate.storage.migrate import check_schema
 from tidegate.storage.sql import query
-from tidegate.worker.execute import execute
+from tidegate.worker.execute import Outcome, execute
 from tidegate.worker.services import (
     BATCH_LIMIT,
     Completer,
     Listener,
     Periodic,
     Service,
+    describe,
     fetch,
+    retry_delay,
 )
 
 log = logging.getLogger("tidegate.worker")
@@ -61,6 +74,8 @@ class Workloop(Service):
         self.worker = worker
         self.spec = spec
         self.running: dict[int, asyncio.Task[None]] = {}
+        self.runs: dict[int, Run] = {}
+        """The runs of ``running``, by id."""
         self.backlog = True
         """Whether the last claim was full, so runs may be waiting for a free slot."""
         self.wake = asyncio.Event()
@@ -73,6 +88,8 @@ class Workloop(Service):
             "lease_seconds": worker.settings.lease_seconds,
             "scan_limit": CLAIM_SCAN_LIMIT,
             "head_scan": CLAIM_HEAD_SCAN,
+            "tasks": list(worker.tasks),
+            "live_seconds": worker.live_seconds,
         }
 
     @property
@@ -84,26 +101,45 @@ class Workloop(Service):
 
     async def run(self) -> None:
         worker = self.worker
-        while not worker.stopping:
+        failures = 0
+        while not worker.stopping.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), worker.settings.poll_seconds)
             self.wake.clear()
             # One turn of the loop lets the other handlers finishing now free their
             # slots too, so the claim asks for them all in one statement.
             await asyncio.sleep(0)
-            while self.free > 0 and not worker.stopping:
+            while self.free > 0 and not worker.stopping.is_set():
                 demand = self.free
                 try:
                     runs = await self.claim(demand)
-                except psycopg.OperationalError as error:
-                    log.warning("%s: claim failed, retrying: %s", self.name, error)
+                except psycopg.Error as error:
+                    failures += 1
+                    delay = retry_delay(failures)
+                    log.log(
+                        logging.WARNING if transient(error) else logging.ERROR,
+                        "%s: claim failed (%d in a row), retrying in %.1fs: %s",
+                        self.name,
+                        failures,
+                        delay,
+                        describe(error),
+                    )
+                    with contextlib.suppress(TimeoutError):  # a shutdown cuts the wait short
+                        await asyncio.wait_for(worker.stopping.wait(), delay)
+                    self.wake.set()
                     break
-                for run in runs:
+                failures = 0
+                claimed = [run for run in runs if run.state is RunState.RUNNING]
+                for run in claimed:
                     self.launch(run)
+                parked = [run for run in runs if run.state is RunState.PENDING]
+                if parked:
+                    _log_parked(parked)
                 # A full claim may have left runs behind: a freed slot should look again.
-                # A short one found the lanes empty: new runs will say so (NOTIFY).
-                self.backlog = len(runs) == demand
-                if not self.backlog:
+                # A short one found the lanes empty: new runs will say so (NOTIFY). Runs
+                # set pending made room at the head of a lane: look again at once.
+                self.backlog = len(claimed) == demand
+                if not (self.backlog or parked):
                     break
 
     async def claim(self, demand: int) -> list[Run]:
@@ -115,18 +151,49 @@ class Workloop(Service):
     def launch(self, run: Run) -> None:
         task = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
         self.running[run.id] = task
+        self.runs[run.id] = run
 
     async def execute(self, run: Run) -> None:
         worker = self.worker
-        outcome = await execute(
-            run, worker.app.tasks.get(run.task), worker.executor, worker.settings
-        )
+        outcome = await execute(run, worker.tasks[run.task], worker.executor, worker.settings)
+        _log_outcome(run, outcome)
         # The slot frees once the outcome is written, not before: a claim must not
         # take more runs than the workloop has slots while outcomes wait in a batch.
         await worker.completer.add(outcome)
-        del self.running[run.id]
+        del self.running[run.id], self.runs[run.id]
         if self.backlog:
             self.wake.set()
+
+
+def _log_outcome(run: Run, outcome: Outcome) -> None:
+    """Log every attempt that did not succeed: failures, retries to come, discards."""
+    where = (
+        f"run {run.id} (task {run.task}, key {run.key}) attempt {run.attempt}/{run.max_attempts}"
+    )
+    if outcome.state is RunState.DISCARDED:
+        log.error("%s failed, discarded: %s", where, outcome.message)
+    elif outcome.state is RunState.SCHEDULED and outcome.message is not None:
+        log.warning(
+            "%s failed, retrying in %.1fs: %s", where, outcome.delay_seconds, outcome.message
+        )
+    elif outcome.state is RunState.CANCELLED:
+        log.info("%s cancelled by its handler: %s", where, outcome.message)
+
+
+def _log_parked(parked: list[Run]) -> None:
+    """Say loudly which runs wait for a worker that has their task."""
+    by_task: dict[tuple[str, str], list[int]] = {}
+    for run in parked:
+        by_task.setdefault((run.task, run.lane), []).append(run.id)
+    for (task, lane), ids in by_task.items():
+        shown = ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+        log.warning(
+            "no live worker has task %r for lane %r: run(s) %s wait as pending until one "
+            "starts (is the task registered under this name in the worker's app?)",
+            task,
+            lane,
+            shown,
+        )
 
 
 class Worker:
@@ -136,7 +203,12 @@ class Worker:
         self.app = app
         self.settings = settings or app.settings
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-        self.stopping = False
+        self.stopping = asyncio.Event()
+        """Set at shutdown: workloops stop claiming."""
+        self.tasks = dict(app.tasks)
+        """The tasks this worker runs: its app's, as they were when it was made."""
+        self.live_seconds = 3 * self.settings.heartbeat_seconds
+        """How recently a worker must have beaten to count as alive."""
         self.workloops = [
             Workloop(self, spec, i) for i, spec in enumerate(self.settings.parsed_workloops)
         ]
@@ -155,6 +227,11 @@ class Worker:
         )
         channel = {"channel": app.available_channel}
         lease = {"lease_seconds": self.settings.lease_seconds}
+        routes = {
+            "tasks": list(self.tasks),
+            "lanes": sorted({lane for w in self.workloops for lane in w.spec.named_lanes}),
+            "wildcard": any(w.spec.wildcard for w in self.workloops),
+        }
         self.listener = Listener(app.database.aconnect, [app.available_channel], self.wake)
         self.services: list[Service] = [
             self.completer,
@@ -163,7 +240,19 @@ class Worker:
             Periodic(
                 "stager",
                 self.settings.stage_seconds,
-                self._batch("stage_runs", {**channel, "limit": BATCH_LIMIT}),
+                self._batch("stage_runs", {**channel, **routes, "limit": BATCH_LIMIT}),
+            ),
+            Periodic(
+                "parker",
+                self.settings.stage_seconds,
+                functools.partial(
+                    self.park,
+                    {
+                        **routes,
+                        "scan_limit": CLAIM_SCAN_LIMIT,
+                        "live_seconds": self.live_seconds,
+                    },
+                ),
             ),
             Periodic(
                 "rescuer",
@@ -191,11 +280,25 @@ class Worker:
     # -- the life of a worker ------------------------------------------------------
 
     async def run_until_signalled(self) -> None:
-        """Run until SIGTERM or SIGINT, then shut down gracefully."""
+        """Run until SIGTERM or SIGINT, then shut down gracefully; a second one exits now."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+
+        def signalled() -> None:
+            if not stop.is_set():
+                stop.set()
+                return
+            held = sum(len(w.running) for w in self.workloops)
+            log.warning(
+                "worker %s: stopping now, at a second signal; %d run(s) it holds are "
+                "rescued when their leases lapse",
+                self.id,
+                held,
+            )
+            os._exit(1)
+
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
+            loop.add_signal_handler(signum, signalled)
         await self.run(stop)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -209,10 +312,12 @@ class Worker:
             await asyncio.wait_for(self.listener.listening.wait(), 10)
             tasks += [loop.start() for loop in self.workloops]
             log.info(
-                "worker %s started: %s",
+                "worker %s started: workloops %s; tasks %s",
                 self.id,
                 " ".join(str(loop.spec) for loop in self.workloops),
+                ", ".join(sorted(self.tasks)) or "(none)",
             )
+            self.warn_of_unused_lanes()
             stopped = asyncio.create_task(stop.wait(), name="tidegate.stop")
             done, _ = await asyncio.wait([stopped, *tasks], return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
@@ -225,6 +330,18 @@ class Worker:
         if failed:
             raise RuntimeError(f"worker {self.id} stopped: {failed[0].get_name()} failed")
 
+    def warn_of_unused_lanes(self) -> None:
+        """Warn of a workloop lane that nothing puts runs in: most likely a typo."""
+        named = {lane for loop in self.workloops for lane in loop.spec.named_lanes}
+        used = BUILTIN_LANES | {task.lane for task in self.tasks.values()}
+        for lane in sorted(named - used):
+            log.warning(
+                "workloop lane %r: no task of this app has it and tidegate puts nothing in "
+                "it; only runs enqueued with lane=%r reach it (a typo?)",
+                lane,
+                lane,
+            )
+
     async def prepare_schema(self) -> None:
         """Refuse to start on a schema older or newer than this code."""
 
@@ -235,7 +352,7 @@ class Worker:
         await asyncio.to_thread(prepare)
 
     async def shutdown(self) -> None:
-        self.stopping = True
+        self.stopping.set()
         for loop in self.workloops:
             loop.wake.set()
         await asyncio.gather(*(loop.task for loop in self.workloops if loop.task))
@@ -245,33 +362,54 @@ class Worker:
         if in_flight:
             log.info("worker %s: waiting for %d runs", self.id, len(in_flight))
             await asyncio.wait(in_flight.values(), timeout=self.settings.shutdown_grace_seconds)
-        unfinished = [run_id for run_id, task in in_flight.items() if not task.done()]
-        for run_id in unfinished:
-            in_flight[run_id].cancel()
+        unfinished = [task for task in in_flight.values() if not task.done()]
+        if unfinished:
+            threads = sum(
+                1
+                for loop in self.workloops
+                for run_id, task in loop.running.items()
+                if not task.done() and not self.tasks[loop.runs[run_id].task].is_async
+            )
+            log.warning(
+                "worker %s: grace period over: cancelling %d async handler(s), their runs go "
+                "back to available once stopped; waiting for %d sync handler(s), which "
+                "cannot be interrupted (their runs stay leased; a second signal exits now)",
+                self.id,
+                len(unfinished) - threads,
+                threads,
+            )
+            for task in unfinished:
+                task.cancel()
+        # The heartbeat goes on meanwhile: runs whose handlers still execute keep their
+        # leases until the handlers have returned or stopped.
         await asyncio.gather(*in_flight.values(), return_exceptions=True)
+        handed_back = [run_id for run_id, task in in_flight.items() if task.cancelled()]
         await self.completer.drain()
         for service in self.services:
             await service.stop()
         try:
-            if unfinished:
-                log.info("worker %s: handing back %d runs", self.id, len(unfinished))
+            if handed_back:
+                log.info("worker %s: handing back %d runs", self.id, len(handed_back))
                 await fetch(
                     self.pool,
                     "release_runs",
                     {
-                        "ids": unfinished,
+                        "ids": handed_back,
                         "worker_id": self.id,
                         "channel": self.app.available_channel,
                     },
                 )
             await fetch(self.pool, "delete_worker", {"worker_id": self.id})
-        except psycopg.OperationalError as error:
+        except psycopg.Error as error:
             log.warning(
-                "worker %s: database gone at shutdown, leases will expire: %s", self.id, error
+                "worker %s: database gone at shutdown, leases will expire: %s",
+                self.id,
+                describe(error),
             )
         finally:
             await self.pool.close()
             self.executor.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped", self.id)
 
     # -- what the services do ------------------------------------------------------
 
@@ -297,10 +435,24 @@ class Worker:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "workloops": json.dumps(workloops),
+                "tasks": list(self.tasks),
                 "run_ids": held,
                 "lease_seconds": self.settings.lease_seconds,
             },
         )
+        return False
+
+    async def park(self, params: dict[str, Any]) -> bool:
+        """Set pending the runs at the head of this worker's lanes that no live worker
+        can run, and say so; a claim only passes over them."""
+        async with self.pool.connection() as conn:
+            cursor = conn.cursor(row_factory=run_row)
+            await cursor.execute(query("park_strays"), params)
+            parked = await cursor.fetchall()
+        if parked:
+            _log_parked(parked)
+            for loop in self.workloops:  # room at the head of a lane: look again
+                loop.wake.set()
         return False
 
     def _batch(

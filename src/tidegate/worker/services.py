@@ -1,14 +1,19 @@
 """The worker's background duties, each a small service with ``start``/``stop``.
 
 - ``Heartbeat``: writes the worker row (workloops, slots, busy) and renews its leases.
-- ``Stager``: makes scheduled runs that came due available.
+- ``Stager``: makes scheduled runs that came due available, and pending runs of this
+  worker's tasks.
+- ``Parker``: sets pending the runs at the head of this worker's lanes whose task no
+  live worker has.
 - ``Rescuer``: returns the runs of workers whose leases ran out.
 - ``Pruner``: deletes finished runs past retention, one process at a time.
 - ``Completer``: writes outcomes in batches; fast-lane outcomes at once.
 - ``Listener``: LISTENs for ready lanes and wakes the workloops that can take them.
 
-A database error in one round is logged and the round retried later; any other error
-ends the service's task, which the worker notices and stops on.
+No error from the database or the data ends a service (DESIGN.md, invariant 7): a
+database error in one round is logged with its context and the round retried with a
+growing delay. Any other error is a bug: it ends the service's task, the worker stops
+cleanly, and its supervisor (``tidegate serve``) starts a new one.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from tidegate.storage.database import transient
 from tidegate.storage.sql import query
 from tidegate.worker.execute import Outcome
 
@@ -31,6 +37,19 @@ log = logging.getLogger("tidegate.worker")
 
 BATCH_LIMIT = 5000
 """Rows the stager and the rescuer move per statement."""
+FIRST_RETRY_SECONDS = 0.05
+MAX_RETRY_SECONDS = 30.0
+
+
+def retry_delay(failures: int, first: float = FIRST_RETRY_SECONDS) -> float:
+    """Seconds to wait after ``failures`` failures in a row: doubling, capped."""
+    return float(min(first * 2.0 ** (failures - 1), MAX_RETRY_SECONDS))
+
+
+def describe(error: psycopg.Error) -> str:
+    """One line for a log: the SQLSTATE when there is one, then the message."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return f"[{error.sqlstate}] {text}" if error.sqlstate else text
 
 
 class Service:
@@ -65,12 +84,24 @@ class Periodic(Service):
         self.tick = tick
 
     async def run(self) -> None:
+        failures = 0
         while True:
             try:
                 again = await self.tick()
-            except psycopg.OperationalError as error:
-                log.warning("%s: database unavailable, retrying: %s", self.name, error)
-                again = False
+            except psycopg.Error as error:
+                failures += 1
+                delay = retry_delay(failures, self.interval)
+                log.log(
+                    logging.WARNING if transient(error) else logging.ERROR,
+                    "%s failed (%d in a row), retrying in %.1fs: %s",
+                    self.name,
+                    failures,
+                    delay,
+                    describe(error),
+                )
+                await asyncio.sleep(delay)
+                continue
+            failures = 0
             if not again:
                 await asyncio.sleep(self.interval)
 
@@ -125,20 +156,48 @@ class Completer(Service):
                 await self.write(batch)
 
     async def write(self, batch: Sequence[Outcome]) -> None:
-        params = {**self.params, "outcomes": json.dumps([o.as_row() for o in batch])}
-        delay = 0.05
-        while True:
-            try:
-                await fetch(self.pool, "complete_runs", params)
-                break
-            except psycopg.OperationalError as error:
-                log.warning("completer: database unavailable, retrying: %s", error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """Write a batch; resolve each outcome's future once it is written or given up.
+
+        A transient error (an outage) is retried until it passes. A batch the database
+        refuses is written one outcome at a time, so one bad outcome cannot hold back the
+        others; an outcome refused on its own is given up, logged at ERROR: its run stays
+        leased until its lease lapses, and the rescuer runs it again.
+        """
+        try:
+            await self._write(batch)
+        except psycopg.Error as error:
+            if len(batch) > 1:
+                for outcome in batch:
+                    await self.write([outcome])
+                return
+            log.error(
+                "run %d: its outcome (%s) could not be written, the run is rescued when its "
+                "lease lapses: %s",
+                batch[0].run_id,
+                batch[0].state,
+                describe(error),
+            )
         for outcome in batch:
             written = self.pending.pop(outcome.run_id, None)
             if written is not None and not written.done():
                 written.set_result(None)
+
+    async def _write(self, batch: Sequence[Outcome]) -> None:
+        params = {**self.params, "outcomes": json.dumps([o.as_row() for o in batch])}
+        failures = 0
+        while True:
+            try:
+                await fetch(self.pool, "complete_runs", params)
+                return
+            except psycopg.Error as error:
+                if not transient(error):
+                    raise
+                failures += 1
+                delay = retry_delay(failures)
+                log.warning(
+                    "completer: database unavailable, retrying in %.1fs: %s", delay, describe(error)
+                )
+                await asyncio.sleep(delay)
 
     async def drain(self) -> None:
         """Write everything queued, then stop."""
@@ -187,8 +246,8 @@ class Listener(Service):
                     delay = 0.1
                     async for notify in conn.notifies():
                         self.wake(notify.channel, notify.payload)
-            except psycopg.OperationalError as error:
+            except psycopg.Error as error:
                 self.listening.clear()
-                log.warning("listener: connection lost, reconnecting: %s", error)
+                log.warning("listener: connection lost, reconnecting: %s", describe(error))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)

@@ -1,10 +1,11 @@
--- A worker's heartbeat: its row (workloops, slots, busy) for the cluster's capacity
--- view, and the leases of the runs it holds, extended in the same round trip.
+-- A worker's heartbeat: its row (workloops, slots, busy, the tasks it has) for the
+-- cluster's capacity view and for claims of runs it could take, and the leases of the
+-- runs it holds, extended in the same round trip.
 WITH beat AS (
-    INSERT INTO workers (id, host, pid, workloops)
-    VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb)
+    INSERT INTO workers (id, host, pid, workloops, tasks)
+    VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb, %(tasks)s::text[])
     ON CONFLICT (id) DO UPDATE
-    SET workloops = excluded.workloops, heartbeat_at = now()
+    SET workloops = excluded.workloops, tasks = excluded.tasks, heartbeat_at = now()
 ),
 renewed AS (
     UPDATE runs

@@ -5,7 +5,7 @@
 WITH cancelled AS (
     UPDATE runs
     SET state = 'cancelled', completed_at = now(), lease_expires_at = NULL
-    WHERE id = %(id)s AND state IN ('scheduled', 'available', 'running')
+    WHERE id = %(id)s AND state IN ('scheduled', 'available', 'pending', 'running')
     RETURNING *
 ),
 notified AS (

@@ -1,18 +1,26 @@
--- Claim up to %(demand)s runs for one workloop, following its lane chain.
+-- Claim up to %(demand)s runs for one workloop, following its lane chain, taking only
+-- runs of the tasks this worker has (%(tasks)s).
 --
 -- limits: whether any key policy or project concurrency is set. Where none is, the
---   claim is this one set-based statement:
+--   claim is this one set-based statement (prepared by psycopg after a few executions:
+--   planned once per connection):
 --   named: the lanes the chain names, in chain order, one ordered probe of
 --     runs_claim_lane per lane. The nested loop over the chain (WITH ORDINALITY keeps its
 --     order) asks the next lane only when the lanes before it ran short, and the LIMIT
 --     stops probing, and locking, at demand.
 --   rest: only with `*` (last in the chain): every lane the chain does not name, in the
 --     same order, through runs_claim_any, for whatever demand the named lanes left.
+--   Each probe reads its lane's head lazily: where every run is this worker's, it reads
+--     exactly the runs it takes. Runs of other tasks are passed over, at most
+--     %(scan_limit)s rows per probe (the inner LIMIT), so a backlog of a task this worker
+--     lacks costs a bounded scan, not the backlog; the parker (queries/park_strays.sql)
+--     sets those no live worker has 'pending', out of the way.
 --   FOR UPDATE SKIP LOCKED lets concurrent claimers pass each other's rows; the update
 --   probes runs_pkey with the array of picked ids.
--- Where limits are set, the function claim_runs (migration 0003) claims instead, key by
--- key under advisory locks; the one-time filter on `limits` means only one of the two
--- runs.
+-- Where limits are set, the function claim_runs_keyed (migration 0007) claims instead,
+-- key by key under advisory locks; the one-time filter on `limits` means only one of
+-- the two runs. It also returns as 'pending' the runs it passed over of tasks no live
+-- worker has.
 WITH limits AS MATERIALIZED (
     SELECT EXISTS (SELECT 1 FROM key_policies)
         OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL) AS apply
@@ -21,24 +29,32 @@ named AS (
     SELECT probe.id
     FROM unnest(%(lanes)s::text[]) WITH ORDINALITY AS chain(lane, position)
     CROSS JOIN LATERAL (
-        SELECT runs.id FROM runs
-        WHERE runs.lane = chain.lane AND runs.state = 'available'
-        ORDER BY runs.rank, runs.id
+        SELECT head.id FROM (
+            SELECT runs.id, runs.task FROM runs
+            WHERE runs.lane = chain.lane AND runs.state = 'available'
+            ORDER BY runs.rank, runs.id
+            LIMIT %(scan_limit)s
+            FOR UPDATE SKIP LOCKED
+        ) AS head
+        WHERE head.task = ANY(%(tasks)s::text[])
         LIMIT %(demand)s
-        FOR UPDATE SKIP LOCKED
     ) AS probe
     WHERE NOT (SELECT apply FROM limits)
     LIMIT %(demand)s
 ),
 rest AS (
-    SELECT id FROM runs
-    WHERE %(wildcard)s::boolean
-      AND NOT (SELECT apply FROM limits)
-      AND state = 'available'
-      AND lane <> ALL(%(lanes)s::text[])
-    ORDER BY rank, id
+    SELECT head.id FROM (
+        SELECT runs.id, runs.task FROM runs
+        WHERE %(wildcard)s::boolean
+          AND NOT (SELECT apply FROM limits)
+          AND runs.state = 'available'
+          AND runs.lane <> ALL(%(lanes)s::text[])
+        ORDER BY runs.rank, runs.id
+        LIMIT %(scan_limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS head
+    WHERE head.task = ANY(%(tasks)s::text[])
     LIMIT %(demand)s - (SELECT count(*) FROM named)
-    FOR UPDATE SKIP LOCKED
 ),
 claimed AS (
     UPDATE runs
@@ -53,9 +69,9 @@ claimed AS (
 )
 SELECT * FROM claimed
 UNION ALL
-SELECT * FROM claim_runs(
+SELECT * FROM claim_runs_keyed(
     %(lanes)s::text[], %(wildcard)s::boolean, %(demand)s::integer, %(worker_id)s::text,
     %(workloop)s::smallint, %(lease_seconds)s::float8, %(scan_limit)s::integer,
-    %(head_scan)s::integer
+    %(head_scan)s::integer, %(tasks)s::text[], %(live_seconds)s::float8
 )
 WHERE (SELECT apply FROM limits)

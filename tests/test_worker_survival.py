@@ -1,0 +1,100 @@
+"""No database error ends a worker (DESIGN.md, invariant 7).
+
+Each test makes the database refuse one kind of statement of a running worker (a
+trigger that raises, as a refused value or a revoked permission would), checks that the
+worker logs it and goes on serving what it can, then lifts the fault and checks that
+the worker recovers by itself, without a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+import pytest
+
+from tests.conftest import running_worker, wait_until
+from tidegate import NewRun, Tidegate
+
+REFUSE = """
+CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'refused by the test' USING ERRCODE = 'P0001';
+END
+$$
+"""
+
+
+def states(sql: psycopg.Connection, where: str = "true") -> dict[str, int]:
+    rows = sql.execute(f"SELECT state::text, count(*) FROM runs WHERE {where} GROUP BY 1")
+    return dict(rows.fetchall())
+
+
+async def test_a_claim_the_database_refuses_is_retried_and_other_workloops_go_on(
+    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    sql.execute(REFUSE)
+    # Claims of the lane 'broken' fail; the workloop of 'default' is not affected.
+    sql.execute(
+        "CREATE TRIGGER refuse_claim BEFORE UPDATE ON runs FOR EACH ROW"
+        " WHEN (NEW.state = 'running' AND NEW.lane = 'broken') EXECUTE FUNCTION refuse()"
+    )
+    app.enqueue_many([NewRun("echo", {"i": i}, lane="broken") for i in range(5)])
+    async with running_worker(app, "broken:2 default:2"):
+        await wait_until(lambda: "claim failed" in caplog.text, 10)
+        served = app.enqueue_many([NewRun("echo", {"i": i}) for i in range(20)])
+        await wait_until(lambda: states(sql, "lane = 'default'") == {"succeeded": 20}, 10)
+        assert states(sql, "lane = 'broken'") == {"available": 5}
+        sql.execute("DROP TRIGGER refuse_claim ON runs")  # the operator fixes it
+        await wait_until(lambda: states(sql) == {"succeeded": 25}, 40)
+    assert len(served) == 20
+    failures = [r for r in caplog.records if "claim failed" in r.getMessage()]
+    assert failures and all(r.levelno == logging.ERROR for r in failures)
+    assert "[P0001] refused by the test" in failures[0].getMessage()
+
+
+async def test_an_outcome_the_database_refuses_holds_back_no_other_outcome(
+    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    sql.execute(REFUSE)
+    # Completing a run of the key 'poison' as succeeded fails; every other write works.
+    sql.execute(
+        "CREATE TRIGGER refuse_outcome BEFORE UPDATE ON runs FOR EACH ROW"
+        " WHEN (NEW.state = 'succeeded' AND NEW.key = 'poison') EXECUTE FUNCTION refuse()"
+    )
+    poison = app.enqueue("echo", {"bad": True}, key="poison", max_attempts=2)
+    app.enqueue_many([NewRun("echo", {"i": i}, key=f"k{i % 3}") for i in range(200)])
+    async with running_worker(app, "manual>*:8"):
+        await wait_until(lambda: states(sql, "key <> 'poison'") == {"succeeded": 200}, 20)
+        # Never written, the poison run's lease lapses; it is rescued and, out of
+        # attempts, discarded: the worker never stopped for it.
+        await wait_until(lambda: states(sql, "key = 'poison'") == {"discarded": 1}, 30)
+    run = app.get_run(poison.id)
+    assert run is not None and run.attempt == 2
+    assert [e["error"].split(":")[0] for e in run.errors] == ["lease expired"] * 2
+    assert any(
+        r.levelno == logging.ERROR and f"run {poison.id}: its outcome" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+async def test_a_heartbeat_the_database_refuses_is_retried_while_runs_go_on(
+    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    sql.execute(REFUSE)
+    async with running_worker(app, "manual>*:2") as worker:
+        sql.execute(
+            "CREATE TRIGGER refuse_beat BEFORE UPDATE ON workers FOR EACH ROW"
+            " EXECUTE FUNCTION refuse()"
+        )
+        await wait_until(lambda: "heartbeat failed" in caplog.text, 10)
+        app.enqueue_many([NewRun("echo", {"i": i}) for i in range(10)])
+        await wait_until(lambda: states(sql) == {"succeeded": 10}, 10)
+        sql.execute("DROP TRIGGER refuse_beat ON workers")
+        beat = "SELECT heartbeat_at > now() - interval '1 second' FROM workers WHERE id = %s"
+
+        def beating() -> bool:
+            row = sql.execute(beat, [worker.id]).fetchone()
+            return bool(row and row[0])
+
+        await wait_until(beating, 10)
