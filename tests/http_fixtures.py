@@ -112,7 +112,7 @@ class ApiServer:
             if self.process.poll() is not None:
                 raise RuntimeError(f"tidegate serve exited with {self.process.returncode}")
             try:
-                ready = httpx.get(self.url + "/readyz", timeout=2).status_code == 200
+                ready = serving(httpx.get(self.url + "/readyz", timeout=2))
             except httpx.TransportError:
                 ready = False
             if ready and listeners(settings.database_url, settings.schema) >= wanted_listeners:
@@ -131,6 +131,14 @@ class ApiServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(5)
             return None
+
+
+def serving(readyz: httpx.Response) -> bool:
+    """Tell whether a ``/readyz`` answer says the server serves: its database and schema
+    are right (ready, or waiting only for a worker, which many tests start later)."""
+    if readyz.status_code == 200:
+        return True
+    return readyz.status_code == 503 and readyz.json().get("title") == "no live worker"
 
 
 def wait_for_workers(database_url: str, schema: str, count: int, timeout: float = 30.0) -> None:

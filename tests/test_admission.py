@@ -167,8 +167,15 @@ async def test_sync_webhook_without_a_fast_lane_slot_gets_503_until_a_worker_sta
     response = await client.post(sync["url"], json={"n": 1})
 
     for refused in (no_worker, response):
-        assert_problem(refused, 503)
+        problem = assert_problem(refused, 503)
+        assert problem["title"].startswith("no live worker has task 'echo'")
         assert int(refused.headers["retry-after"]) >= 1
+    assert counts(sql) == (0, 0)
+
+    # A fast-lane slot of a worker that lacks the task takes nothing either.
+    start_worker_process("fast_lane:1", "--app", "tidegate.builtin:app")
+    response = await client.post(sync["url"], json={"n": 1})
+    assert assert_problem(response, 503)["title"].startswith("no live worker has task 'echo'")
     assert counts(sql) == (0, 0)
 
     start_worker_process("fast_lane:1")
@@ -288,3 +295,55 @@ async def test_backlog_cap_gets_503_when_the_lane_is_full(
     assert patched.status_code == 200, patched.text
     assert (await client.post(trigger["url"], json={"n": 3})).status_code == 202
     assert counts(sql) == (4, 4)
+
+
+async def test_runs_of_a_killed_fast_lane_worker_free_the_cap_once_it_counts_as_dead(
+    client: httpx.AsyncClient,
+    start_worker_process: Callable[..., Any],
+    sql: psycopg.Connection,
+) -> None:
+    """With no worker alive to rescue them, a dead worker's runs hold no place."""
+    await create_project(client, "acme", fast_lane_cap=1)
+    sync = await create_trigger(
+        client, "acme", "slow", mode="sync", task="hook_sleep", sync_timeout_seconds=0.5
+    )
+    worker = start_worker_process("fast_lane:2")
+    held = await client.post(sync["url"], json={"seconds": 30})
+    assert held.status_code == 202  # past its sync timeout: the run goes on
+    check_over_cap(await client.post(sync["url"], json={"seconds": 0}), 1)
+
+    worker.kill()
+    worker.wait(10)
+    killed_at = time.monotonic()
+    # The dead worker's run stays 'running': no worker is left to rescue it. Once the
+    # worker no longer counts as live (3 heartbeats), callers hear the truth.
+    while True:
+        response = await client.post(sync["url"], json={"seconds": 0})
+        if response.status_code == 503:
+            break
+        check_over_cap(response, 1)
+        assert time.monotonic() - killed_at < 10, "the cap stayed taken by a dead worker's run"
+        await asyncio.sleep(0.2)
+    assert assert_problem(response, 503)["title"].startswith("no live worker has task")
+    assert sql.execute("SELECT count(*) FROM runs WHERE state = 'running'").fetchone() == (1,)
+
+    start_worker_process("fast_lane:1")
+    answered = await client.post(sync["url"], json={"seconds": 0})
+    assert answered.status_code == 200, answered.text
+
+
+async def test_a_trigger_naming_a_task_no_live_worker_has_is_made_with_a_warning(
+    client: httpx.AsyncClient, start_worker_process: Callable[..., Any]
+) -> None:
+    start_worker_process("fast_lane:1 manual>*:1")
+    await create_project(client, "acme")
+    known = await create_trigger(client, "acme", "quote", mode="sync", task="echo")
+    assert known["warnings"] == []
+    typo = await create_trigger(client, "acme", "typo", mode="async", task="ecoh")
+    assert typo["warnings"] == [
+        "no live worker has task 'ecoh' for lane 'default': its webhooks wait until one starts"
+    ]
+    fixed = await client.patch(
+        f"/admin/triggers/{typo['id']}", json={"task": "echo"}, headers=ADMIN
+    )
+    assert fixed.json()["warnings"] == []

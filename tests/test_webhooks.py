@@ -174,11 +174,12 @@ async def test_disabled_trigger_gets_404(
 async def test_body_over_the_limit_gets_413(
     client: httpx.AsyncClient, sql: psycopg.Connection
 ) -> None:
+    """The limit holds for the body and the headers kept with it, together."""
     await create_project(client, "acme")
     trigger = await create_trigger(
-        client, "acme", "small", mode="async", task="echo", max_body_bytes=100
+        client, "acme", "small", mode="async", task="echo", max_body_bytes=1000
     )
-    big = json.dumps({"pad": "x" * 200}).encode()
+    big = json.dumps({"pad": "x" * 1000}).encode()
 
     response = await client.post(
         trigger["url"], content=big, headers={"Content-Type": "application/json"}
@@ -186,14 +187,31 @@ async def test_body_over_the_limit_gets_413(
 
     assert response.request.headers["content-length"] == str(len(big))
     problem = assert_problem(response, 413)
-    assert problem["max_bytes"] == 100
-    # Exactly at the limit is fine.
-    exact = json.dumps({"pad": "x" * (100 - len('{"pad": ""}'))}).encode()
-    assert len(exact) == 100
+    assert problem["max_bytes"] == 1000
+
+    # Exactly at the limit is fine: what the server keeps of the headers, plus the body.
+    def kept(body: bytes) -> int:
+        request = client.build_request(
+            "POST", trigger["url"], content=body, headers={"Content-Type": "application/json"}
+        )
+        headers = request.headers.items()
+        return len(body) + sum(len(name) + len(value) for name, value in headers)
+
+    exact = b'{"pad": ""}'
+    while kept(exact) < 1000:
+        exact = exact.replace(b'"}', b'x"}')
+    assert kept(exact) == 1000
     accepted = await client.post(
         trigger["url"], content=exact, headers={"Content-Type": "application/json"}
     )
     assert accepted.status_code == 202, accepted.text
+    over = exact.replace(b'"}', b'x"}')
+    assert_problem(
+        await client.post(
+            trigger["url"], content=over, headers={"Content-Type": "application/json"}
+        ),
+        413,
+    )
     assert counts(sql) == (1, 1)
     await healthy(client)
 
@@ -455,20 +473,29 @@ async def test_sync_handler_can_shape_its_reply(
     assert response.json() == {"got": {"name": "x"}}
 
 
-async def test_sync_handler_that_fails_gets_5xx_with_the_error(
+async def test_sync_handler_that_fails_gets_5xx_with_the_run_and_no_error_details(
     client: httpx.AsyncClient, sql: psycopg.Connection, sync_worker: None
 ) -> None:
-    await create_project(client, "acme")
+    project = await create_project(client, "acme")
     trigger = await create_trigger(client, "acme", "broken", mode="sync", task="fail")
 
     response = await client.post(trigger["url"], json={})
 
-    assert 500 <= response.status_code < 600
-    problem = assert_problem(response, response.status_code)
-    assert problem["state"] == "discarded"
-    assert problem["error"] == "ValueError: boom on attempt 1"
+    problem = assert_problem(response, 502)
+    assert (problem["title"], problem["state"]) == ("the run ended discarded", "discarded")
+    assert "boom" not in response.text  # the sender is not told what the handler said
     run = run_row(sql, problem["run_id"])
     assert (run["state"], run["max_attempts"], len(run["errors"])) == ("discarded", 1, 1)
+    # The project sees the error, without the traceback; the super admin sees both.
+    mine = {"Authorization": f"Bearer {project['token']}"}
+    seen = (await client.get(f"/runs/{problem['run_id']}", headers=mine)).json()
+    assert seen["errors"] == [
+        {"attempt": 1, "at": run["errors"][0]["at"], "error": "ValueError: boom on attempt 1"}
+    ]
+    listed = (await client.get("/runs", headers=mine)).json()
+    assert "traceback" not in listed[0]["errors"][0]
+    admin = (await client.get(f"/runs/{problem['run_id']}", headers=ADMIN)).json()
+    assert "ValueError: boom on attempt 1" in admin["errors"][0]["traceback"]
 
 
 async def test_sync_webhook_past_its_timeout_gets_202_and_the_run_goes_on(
@@ -602,6 +629,24 @@ async def test_runs_api_shows_retries_and_cancels_runs_per_project(
 # -- the database goes away -----------------------------------------------------------
 
 
+async def test_readyz_says_ready_only_while_a_worker_is_alive(
+    client: httpx.AsyncClient, start_worker_process: Callable[..., Any]
+) -> None:
+    refused = assert_problem(await client.get("/readyz"), 503)
+    assert refused["title"] == "no live worker" and refused["workers"] == 0
+    worker = start_worker_process("manual>*:1")
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["workers"] == 1
+    worker.kill()  # gone without a word: it stops beating
+    worker.wait(10)
+    deadline = time.monotonic() + 10
+    while (await client.get("/readyz")).status_code == 200:
+        assert time.monotonic() < deadline, "still ready 10 s after the only worker died"
+        await asyncio.sleep(0.2)
+    assert assert_problem(await client.get("/readyz"), 503)["title"] == "no live worker"
+
+
 async def test_unreachable_database_gets_503_then_recovers_by_itself(
     start_api: Callable[..., ApiServer], settings: Settings, tmp_path: Path
 ) -> None:
@@ -628,7 +673,9 @@ async def test_unreachable_database_gets_503_then_recovers_by_itself(
                 assert time.monotonic() - started < 10, "the answer must not hang"
                 assert_problem(response, 503)
                 assert int(response.headers["retry-after"]) >= 1
-            assert_problem(await client.get("/readyz"), 503)
+            assert assert_problem(await client.get("/readyz"), 503)["title"] == (
+                "database unavailable"
+            )
             await healthy(client)
 
             database.start()
@@ -640,7 +687,8 @@ async def test_unreachable_database_gets_503_then_recovers_by_itself(
                 assert_problem(response, 503)  # never a 500 on the way back
                 assert time.monotonic() - back < 3, "still 503 three seconds after recovery"
                 await asyncio.sleep(0.1)
-            assert (await client.get("/readyz")).status_code == 200
+            # The database and schema are right again; no worker was ever started.
+            assert assert_problem(await client.get("/readyz"), 503)["title"] == "no live worker"
         server.stop()
         with psycopg.connect(database.url, options=f"-c search_path={settings.schema}") as conn:
             assert counts(conn) == (2, 2)

@@ -1,19 +1,23 @@
 """``POST /hooks/{token}``: validate, admit, persist, acknowledge (or wait and reply).
 
 Validation comes before anything is stored, cheapest first: unknown or disabled trigger
-404, body too large 413 (on ``Content-Length`` and again while reading, so a client
-that lies cannot push more), unsupported content type 415, malformed JSON 400, bad
-Standard Webhooks signature 401. Then one database call admits or rejects
-(``admit_webhook``): 429 for the project's ingest rate or fast-lane cap, 503 when no
-worker can take a fast-lane run or the backlog is full. An admitted async webhook is
-answered 202 once its request and run are committed; a sync one waits for its run.
+404, body (with the headers kept beside it) too large 413 (on ``Content-Length`` and
+again while reading, so a client that lies cannot push more), unsupported content type
+415, JSON that is malformed or that PostgreSQL cannot store (NUL, lone surrogates, NaN,
+nesting past ``max_json_depth``) 400, bad Standard Webhooks signature 401. Then one
+database call admits or rejects (``admit_webhook``): 429 for the project's ingest rate
+or fast-lane cap, 503 when no worker can take a fast-lane run or the backlog is full.
+An admitted async webhook is answered 202 once its request and run are committed; a
+sync one waits for its run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,20 +26,38 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 
-from tidegate.ingress.server import Ingress, problem
-from tidegate.ingress.signatures import SignatureError, verify
+from tidegate.errors import InputError
+from tidegate.ingress.server import Ingress, problem, problem_responses
+from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
+from tidegate.limits import check_text, parse_json
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
 
 router = APIRouter(tags=["webhooks"])
+log = logging.getLogger("tidegate.ingress")
 
 RETRY_AFTER_MIN_SECONDS = 1
 RETRY_AFTER_MAX_SECONDS = 60
-MAX_IDEMPOTENCY_KEY_CHARS = 255
+NO_WORKER_RETRY_SECONDS = 5
+"""Retry-After when no worker can take a sync run: about how long a worker takes to start."""
+MAX_TOKEN_CHARS = 128
+"""Longer than any trigger token: not looked up."""
+CLOSE = {"Connection": "close"}
 KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
 REPLY_KEY = "$reply"
 """A handler's result shaped ``{"$reply": {"status", "headers", "body"}}`` is its HTTP reply."""
+FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
+"""An HTTP field name (RFC 9110 token)."""
+FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,8192}")
+"""An HTTP field value: tabs, visible ASCII, Latin-1 (no CR, LF or other controls)."""
+FRAMING_FIELDS = frozenset({"content-length", "transfer-encoding", "connection"})
+NO_CONTENT = frozenset({204, 205, 304})
+"""Fields the server sets from the reply itself; a handler's would contradict them."""
+
+
+class BodyTooLarge(Exception):
+    pass
 
 
 @dataclass(frozen=True)
@@ -51,43 +73,54 @@ class Trigger:
     enabled: bool
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
 @router.post(
     "/hooks/{token}",
     status_code=202,
     responses={
-        200: {"description": "sync trigger: the run's result"},
+        200: {"description": "sync trigger: the run's result (or the handler's own reply)"},
         202: {"description": "accepted: durable, will run (or still running, for sync)"},
-        400: {"description": "malformed JSON"},
-        401: {"description": "bad or missing signature"},
-        404: {"description": "unknown or disabled trigger"},
-        413: {"description": "body too large"},
-        415: {"description": "unsupported content type"},
-        429: {"description": "the project's ingest rate or fast-lane cap"},
-        503: {"description": "no capacity, backlog full, or database unavailable"},
+        **problem_responses(
+            **{
+                "400": "malformed JSON, or JSON PostgreSQL cannot store (the title says why)",
+                "401": "bad or missing signature",
+                "404": "unknown or disabled trigger",
+                "413": "body (with the headers kept) over the trigger's limit",
+                "415": "content type is not JSON",
+                "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit)",
+                "502": "sync trigger: the run failed (its id is in the body)",
+                "503": "no worker can take it, backlog full, or database unavailable",
+            }
+        ),
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "description": "Any JSON document (application/json or application/*+json).",
+            "content": {"application/json": {"schema": {}}},
+        }
     },
 )
 async def receive(token: str, request: Request) -> Response:
     """Receive one webhook."""
     ingress: Ingress = request.app.state.ingress
-    found = await ingress.run(_find_trigger(token))
+    settings = ingress.settings
+    found = await ingress.run(_find_trigger(token)) if len(token) <= MAX_TOKEN_CHARS else None
     if found is None or not found.enabled:
         return problem(404, "unknown trigger")
     trigger: Trigger = found
-    limit = min(trigger.max_body_bytes, ingress.settings.max_body_bytes)
+    limit = min(trigger.max_body_bytes, settings.max_body_bytes)
     declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            return problem(400, "Content-Length is not a number")
-        if int(declared) > limit:
-            return problem(413, f"body over {limit} bytes", max_bytes=limit)
+    if declared is not None and int(declared) > limit:  # digits: the Guard checked
+        return problem(413, f"body over {limit} bytes", CLOSE, max_bytes=limit)
+    # The headers kept with the request count against the same limit as the body.
+    headers = {k: v for k, v in request.headers.items() if k not in KEPT_HEADERS_EXCLUDED}
+    headers_size = sum(len(k) + len(v) for k, v in headers.items())
+    if headers_size >= limit:
+        return problem(413, f"headers and body over {limit} bytes", CLOSE, max_bytes=limit)
     try:
-        body = await _read_body(request, limit)
+        body = await _read_body(request, limit - headers_size)
     except BodyTooLarge:
-        return problem(413, f"body over {limit} bytes", max_bytes=limit)
+        return problem(413, f"headers and body over {limit} bytes", CLOSE, max_bytes=limit)
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     if not (
@@ -100,19 +133,30 @@ async def receive(token: str, request: Request) -> Response:
             accepts=["application/json"],
         )
     try:
-        payload = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        return problem(400, f"malformed JSON: {error}")
+        payload = parse_json(body, "the body", settings.max_json_depth)
+    except InputError as error:
+        return problem(400, str(error))
     if trigger.secret:
         try:
             verify(trigger.secret, request.headers, body)
+        except MisconfiguredSecret as error:
+            log.error("trigger %d (%s): its secret is invalid: %s", trigger.id, trigger.name, error)
+            return problem(401, "bad signature")
         except SignatureError as error:
             return problem(401, f"bad signature: {error}")
-    idempotency_key = request.headers.get("idempotency-key") or request.headers.get("webhook-id")
-    if idempotency_key is not None and len(idempotency_key) > MAX_IDEMPOTENCY_KEY_CHARS:
-        return problem(400, f"idempotency key over {MAX_IDEMPOTENCY_KEY_CHARS} characters")
+        # Only what the signature covers may dedupe: a fresh Idempotency-Key on a
+        # captured request must not make it a new one.
+        idempotency_key = request.headers.get("webhook-id")
+    else:
+        idempotency_key = request.headers.get("idempotency-key") or request.headers.get(
+            "webhook-id"
+        )
+    if idempotency_key is not None:
+        try:
+            check_text(idempotency_key, "the idempotency key")
+        except InputError as error:
+            return problem(400, str(error))
 
-    headers = {k: v for k, v in request.headers.items() if k not in KEPT_HEADERS_EXCLUDED}
     lane = FAST_LANE if trigger.mode == "sync" else "default"
     decision = await ingress.run(
         _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
@@ -137,6 +181,12 @@ async def _answer(ingress: Ingress, trigger: Trigger, decision: dict[str, Any]) 
             "the project's fast-lane cap is reached",
             {**_fast_lane_headers(decision, 0, wait), "Retry-After": str(wait)},
             cap=decision["fast_lane_cap"],
+        )
+    if verdict == "no_worker":
+        return problem(
+            503,
+            f"no live worker has task {trigger.task!r} and a slot that takes the fast lane",
+            {"Retry-After": str(_retry_after(None, default=NO_WORKER_RETRY_SECONDS))},
         )
     if verdict == "no_capacity":
         return problem(
@@ -198,26 +248,52 @@ async def _wait_for(
 
 def _reply(run: Run, headers: dict[str, str]) -> Response:
     if run.state is not RunState.SUCCEEDED:
-        last = run.errors[-1]["error"] if run.errors else None
-        return problem(
-            502, f"the run ended {run.state}", headers, run_id=run.id, state=run.state, error=last
-        )
+        # The sender is not authenticated: it learns the run's id and state, not what
+        # the handler's error said (the project sees that in GET /runs/{id}).
+        return problem(502, f"the run ended {run.state}", headers, run_id=run.id, state=run.state)
     result = run.result
     if isinstance(result, dict) and isinstance(result.get(REPLY_KEY), dict):
-        reply = result[REPLY_KEY]
-        body = reply.get("body")
-        content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        media = "text/plain" if isinstance(body, str) else "application/json"
-        return Response(
-            content,
-            status_code=int(reply.get("status", 200)),
-            headers={
-                **headers,
-                **{str(k): str(v) for k, v in (reply.get("headers") or {}).items()},
-            },
-            media_type=media,
-        )
+        try:
+            return _handler_reply(result[REPLY_KEY], headers)
+        except ValueError as error:
+            # The reply may carry what the sender sent (an echoed header, a status it
+            # chose): a reply HTTP cannot carry is the handler's failure, not the server's.
+            log.warning("run %d (task %s): its reply cannot be sent: %s", run.id, run.task, error)
+            return problem(
+                502, "the run's reply is not a valid HTTP response", headers, run_id=run.id
+            )
     return JSONResponse(result, status_code=200, headers=headers)
+
+
+def _handler_reply(reply: dict[str, Any], headers: dict[str, str]) -> Response:
+    """The HTTP response a handler's ``$reply`` describes; ``ValueError`` if none can be.
+
+    ``status`` a whole number from 200 to 599; ``headers`` an object of field names
+    (RFC 9110 tokens) to values of visible Latin-1 text, none of the fields the server
+    frames the response with (``content-length``, ``transfer-encoding``, ``connection``).
+    A status that carries no content (204, 205, 304) goes without the reply's body, as
+    HTTP requires: sent with one, the connection broke mid-response.
+    """
+    status = reply.get("status", 200)
+    if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
+        raise ValueError(f"status {str(status)[:40]!r} is not a whole number from 200 to 599")
+    fields = reply.get("headers") or {}
+    if not isinstance(fields, dict):
+        raise ValueError("headers is not an object")
+    extra = {}
+    for name, value in fields.items():
+        text = str(value)
+        if not FIELD_NAME.fullmatch(name) or name.lower() in FRAMING_FIELDS:
+            raise ValueError(f"{name[:40]!r} is not a header field a reply may set")
+        if not FIELD_VALUE.fullmatch(text):
+            raise ValueError(f"the value of {name!r} is not visible Latin-1 text")
+        extra[name] = text
+    body = reply.get("body")
+    if status in NO_CONTENT:
+        return Response(status_code=status, headers={**headers, **extra})
+    content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    media = "text/plain" if isinstance(body, str) else "application/json"
+    return Response(content, status_code=status, headers={**headers, **extra}, media_type=media)
 
 
 def _retry_after(seconds: float | None, default: int = RETRY_AFTER_MIN_SECONDS) -> int:

@@ -7,6 +7,8 @@ is needed by another process to be correct.
 
 Errors are short JSON problem bodies (RFC 9457): ``{"title": ..., "status": ...}``.
 Bad input gets a 4xx; an unreachable database a 503 with ``Retry-After``; a 500 is a bug.
+The ``Guard`` middleware refuses what needs no route (docs/security.md), and ``/docs``
+serves its assets from the package, so it works offline.
 """
 
 from __future__ import annotations
@@ -20,21 +22,84 @@ import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from fastapi_offline import FastAPIOffline
+from psycopg_pool import AsyncConnectionPool
+from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tidegate.app import Tidegate
 from tidegate.ingress.completions import Completions
 from tidegate.settings import Settings
-from tidegate.storage.database import RECONNECT_SECONDS
+from tidegate.storage.database import RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
-from tidegate.storage.sql import Steps, T, adrive
+from tidegate.storage.sql import Steps, T, adrive, query
 
 log = logging.getLogger("tidegate.ingress")
 
 DATABASE_RETRY_AFTER_SECONDS = 2
 POOL_WAIT_SECONDS = 2.0
 """How long a request waits for a connection before it is answered 503."""
+
+
+class Problem(BaseModel):
+    """An error, as RFC 9457 problem details: a title, the status, and details by kind."""
+
+    model_config = ConfigDict(extra="allow")
+    title: str
+    status: int
+
+
+def problem_responses(**described: str) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses of problem bodies: ``problem_responses(**{"404": "why"})``."""
+    return {
+        int(status): {
+            "description": description,
+            "model": Problem,
+            "content": {"application/problem+json": {}},
+        }
+        for status, description in described.items()
+    }
+
+
+COMMON_RESPONSES = problem_responses(
+    **{
+        "400": "a NUL character in the URL, or a malformed request",
+        "408": "the request head or body arrived too slowly",
+        "413": "body over its limit",
+        "422": "a value outside its bounds (the errors say which)",
+        "431": "request head too large, or too many header fields",
+        "503": "database unavailable (Retry-After)",
+    }
+)
+"""What any route may answer: the Guard's refusals, validation, an unreachable database."""
+AUTH_RESPONSES = problem_responses(
+    **{"401": "missing bearer token", "403": "unknown token, or not allowed for it"}
+)
+
+
+def database_problem(error: psycopg.Error, method: str, path: str) -> JSONResponse:
+    """The answer to a database error that reached the HTTP layer, wherever it was raised
+    (a route, or the ``Guard`` authenticating a caller).
+
+    An unreachable database is a 503 with ``Retry-After``; a value the database refused
+    means a bound of ``tidegate.limits`` is missing: a 422, and a WARNING naming the
+    route so that the bound gets added; anything else is a bug (500, logged).
+    """
+    if transient(error):
+        # No SQLSTATE, or a connection class: the server cannot be reached. Otherwise it
+        # answered, but cannot serve this now (a deadlock, too many connections, a full
+        # disk): both pass by themselves, and the title says which.
+        reachable = error.sqlstate is not None and not error.sqlstate.startswith(("08", "57"))
+        title = "database busy" if reachable else "database unavailable"
+        log.warning("%s %s: %s: %s", method, path, title, error)
+        return problem(503, title, {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+    if isinstance(error, psycopg.errors.DataError | psycopg.errors.ProgramLimitExceeded):
+        log.warning(
+            "%s %s: the database refused a value: [%s] %s", method, path, error.sqlstate, error
+        )
+        return problem(422, "a value is outside what the database can store")
+    log.error("%s %s failed", method, path, exc_info=error)
+    return problem(500, "internal error")
 
 
 def problem(
@@ -66,7 +131,6 @@ class Ingress:
             name="tidegate-ingress",
         )
         self.completions = Completions(self.app.database.aconnect, self.app.completed_channel)
-        self.admin_token_hash: str | None = None
 
     async def run(self, steps: Steps[T]) -> T:
         async with self.pool.connection() as conn:
@@ -77,7 +141,7 @@ class Ingress:
         self.completions.start()
         from tidegate.ingress.auth import load_admin_token
 
-        self.admin_token_hash = await load_admin_token(self)
+        await load_admin_token(self)
 
     async def stop(self) -> None:
         await self.completions.stop()
@@ -87,6 +151,7 @@ class Ingress:
 def create_server(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for one API process."""
     from tidegate.ingress import admin, hooks, runs_api
+    from tidegate.ingress.guard import Guard
 
     ingress = Ingress(settings or Settings.from_env())
 
@@ -98,26 +163,22 @@ def create_server(settings: Settings | None = None) -> FastAPI:
         finally:
             await ingress.stop()
 
-    server = FastAPI(
+    server = FastAPIOffline(
         title="tidegate",
         summary="Webhook ingress with admission control, runs on PostgreSQL",
         version="0.1.0",
         lifespan=lifespan,
+        responses=COMMON_RESPONSES,
     )
     server.state.ingress = ingress
+    server.add_middleware(Guard, ingress=ingress)
     server.include_router(hooks.router)
     server.include_router(runs_api.router)
     server.include_router(admin.router)
 
-    @server.exception_handler(psycopg.OperationalError)
-    @server.exception_handler(PoolTimeout)
-    async def database_unavailable(request: Request, error: Exception) -> JSONResponse:
-        log.warning("database unavailable: %s", error)
-        return problem(
-            503,
-            "database unavailable",
-            {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
-        )
+    @server.exception_handler(psycopg.Error)
+    async def database_error(request: Request, error: psycopg.Error) -> JSONResponse:
+        return database_problem(error, request.method, request.url.path)
 
     @server.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
@@ -134,18 +195,27 @@ def create_server(settings: Settings | None = None) -> FastAPI:
 
     @server.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
-        """The database answers and its schema is the one this code needs."""
+        """Ready to serve webhooks: the database answers, its schema is the one this code
+        needs, and at least one worker is alive (it heartbeated within three intervals).
+
+        With no live worker, async webhooks would still be accepted, but nothing would
+        run them and every sync webhook would be refused: that is not ready.
+        """
         async with ingress.pool.connection() as conn:
-            cursor = await conn.execute("SELECT coalesce(max(version), 0) FROM migrations")
+            cursor = await conn.execute(
+                query("check_ready"), {"live_seconds": 3 * ingress.settings.heartbeat_seconds}
+            )
             row = await cursor.fetchone()
-        version, wanted = (row[0] if row else 0), latest_version()
+        version, workers = (row[0], row[1]) if row else (0, 0)
+        wanted = latest_version()
+        retry = {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
         if version != wanted:
             return problem(
-                503,
-                f"schema is at version {version}, this server needs {wanted}",
-                {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+                503, f"schema is at version {version}, this server needs {wanted}", retry
             )
-        return JSONResponse({"status": "ready", "schema_version": version})
+        if not workers:
+            return problem(503, "no live worker", retry, schema_version=version, workers=0)
+        return JSONResponse({"status": "ready", "schema_version": version, "workers": workers})
 
     return server
 

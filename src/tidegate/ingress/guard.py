@@ -1,0 +1,162 @@
+"""What every request meets first: the refusals that need no body and no route.
+
+``Guard`` wraps the whole application as plain ASGI, so it runs before FastAPI reads a
+body or matches a route:
+
+- more than ``max_headers`` header fields: 431 (the head's size and read time are
+  bounded in ``tidegate.ingress.protocol``);
+- a NUL character in the path or the query (``%00``): 400, PostgreSQL text cannot hold
+  one, whatever parameter it would become;
+- ``/admin/*`` and ``/runs*``: the bearer token is checked from the headers alone, and a
+  caller without a valid one gets 401/403 before a byte of its body is read, whatever
+  body it announces; the caller goes to the routes as ``request.state.caller``. This
+  runs outside FastAPI's exception handlers, so a database error while looking the
+  token up is answered here, as a route's would be (503 when unreachable);
+- a body over its limit: 413, on ``Content-Length`` and again while it arrives (the JSON
+  APIs: ``max_api_body_bytes``; the webhook route applies its trigger's own limit);
+- a body that stops arriving for ``read_timeout_seconds``, or that is not all in within
+  ``body_timeout_seconds`` of the head (a trickle of a byte now and then): 408.
+
+Refusals of a request whose body was not read close the connection: the server does not
+read a body it will not use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+import psycopg
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tidegate.ingress.auth import Refused, authenticate
+from tidegate.ingress.server import database_problem, problem
+
+if TYPE_CHECKING:
+    from tidegate.ingress.server import Ingress
+
+AUTHENTICATED = ("/admin", "/runs")
+ADMIN_ONLY = "/admin"
+CLOSE = {"Connection": "close"}
+
+
+class BodyTooLarge(HTTPException):
+    """The body went past its limit while it was being read (413)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"body over {limit} bytes", CLOSE)
+
+
+class BodyTooSlow(HTTPException):
+    """The body stopped arriving, or arrived too slowly to be in on time (408)."""
+
+    def __init__(self, title: str) -> None:
+        super().__init__(408, title, CLOSE)
+
+
+class Guard:
+    """ASGI middleware: NUL in the URL, authentication, body limits and timeouts."""
+
+    def __init__(self, app: ASGIApp, ingress: Ingress) -> None:
+        self.app = app
+        self.ingress = ingress
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        settings = self.ingress.settings
+        path: str = scope["path"]
+        headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
+        length = headers.get("content-length", b"")
+        with_body = bool(length.strip(b"0")) or b"chunked" in headers.get("transfer-encoding", b"")
+        refusal = self._malformed(scope, length)
+        answer: Response | None = None
+        if refusal is None and path.startswith(AUTHENTICATED):
+            authorization = headers.get("authorization", b"").decode("latin-1")
+            try:
+                caller = await authenticate(
+                    self.ingress, authorization, admin=path.startswith(ADMIN_ONLY)
+                )
+                scope.setdefault("state", {})["caller"] = caller
+            except Refused as refused:
+                challenge = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else {}
+                refusal = (refused.status, refused.title, challenge)
+            except psycopg.Error as error:
+                answer = database_problem(error, scope["method"], path)
+        limit = None if path.startswith("/hooks/") else settings.max_api_body_bytes
+        if refusal is None and limit is not None and length and int(length) > limit:
+            refusal = (413, f"body over {limit} bytes", {})
+        if refusal is not None:
+            status, title, extra = refusal
+            answer = problem(status, title, extra)
+        if answer is not None:
+            if with_body:
+                answer.headers.update(CLOSE)
+            await answer(scope, receive, send)
+            return
+        body = GuardedBody(
+            receive, limit, settings.read_timeout_seconds, settings.body_timeout_seconds
+        )
+        body.complete = not with_body
+
+        async def closing_send(message: Message) -> None:
+            # An answer begun before the body is all in ends the connection (the server
+            # does not read on for a body it will not use): it must say so, or a client
+            # reusing the connection finds it closed under its next request.
+            if message["type"] == "http.response.start" and not body.complete:
+                headers = list(message.get("headers", ()))
+                if not any(name.lower() == b"connection" for name, _ in headers):
+                    message["headers"] = [*headers, (b"connection", b"close")]
+            await send(message)
+
+        await self.app(scope, body.receive, closing_send)
+
+    def _malformed(self, scope: Scope, length: bytes) -> tuple[int, str, dict[str, str]] | None:
+        settings = self.ingress.settings
+        if len(scope["headers"]) > settings.max_headers:
+            return 431, f"more than {settings.max_headers} header fields", {}
+        if "\x00" in scope["path"] or b"%00" in scope["query_string"]:
+            return 400, "a NUL character (%00) in the URL", {}
+        if length and not length.isdigit():
+            return 400, "Content-Length is not a number", {}
+        return None
+
+
+class GuardedBody:
+    """``receive`` wrapped: the body within ``limit`` bytes, each part within ``timeout``
+    seconds, all of it within ``body_timeout`` seconds from now."""
+
+    def __init__(
+        self, receive: Receive, limit: int | None, timeout: float, body_timeout: float
+    ) -> None:
+        self._receive = receive
+        self.limit = limit
+        self.timeout = timeout
+        self.body_timeout = body_timeout
+        self.deadline = asyncio.get_running_loop().time() + body_timeout
+        self.received = 0
+        self.complete = False
+        """Whether the body is all in (or there is none)."""
+
+    async def receive(self) -> Message:
+        if self.complete:  # waiting for a disconnect, not for a slow client
+            return await self._receive()
+        now = asyncio.get_running_loop().time()
+        wait = max(0.0, min(self.timeout, self.deadline - now))
+        try:
+            message = await asyncio.wait_for(self._receive(), wait)
+        except TimeoutError:
+            if asyncio.get_running_loop().time() >= self.deadline:
+                title = f"the body was not all in within {self.body_timeout:g}s"
+            else:
+                title = f"no part of the body arrived for {self.timeout:g}s"
+            raise BodyTooSlow(title) from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.complete = not message.get("more_body", False)
+            if self.limit is not None and self.received > self.limit:
+                raise BodyTooLarge(self.limit)
+        return message

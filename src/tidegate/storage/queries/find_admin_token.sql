@@ -1,1 +1,0 @@
-SELECT token_hash FROM admin_tokens

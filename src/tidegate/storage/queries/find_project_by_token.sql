@@ -1,1 +1,0 @@
-SELECT id FROM projects WHERE token_hash = %(token_hash)s

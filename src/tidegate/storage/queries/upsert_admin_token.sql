@@ -1,0 +1,5 @@
+-- Make a token the super admin's (TIDEGATE_ADMIN_TOKEN at start, or a rotation),
+-- replacing the one before: every API process reads it at its next request.
+INSERT INTO admin_tokens (token_hash) VALUES (%(token_hash)s)
+ON CONFLICT (singleton) DO UPDATE SET token_hash = excluded.token_hash, created_at = now()
+RETURNING token_hash
