@@ -1,16 +1,35 @@
-"""The ``tidegate`` command against a real database: options, environment, errors."""
+"""The ``tidegate`` command against a real database: options, environment, errors, help.
+
+Expected failures are run as real processes, the way a person meets them: the exact
+line on stderr, the exit status, and how long it took.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
-from tidegate import Settings
+from tests.conftest import ROOT, running_worker, wait_until
+from tests.http_fixtures import PrivatePostgres, wait_for_workers
+from tidegate import Settings, Tidegate
 from tidegate.cli import main
+from tidegate.lanes import parse_workloops
+from tidegate.projects import hash_token
 from tidegate.storage.migrate import latest_version, migrations
+
+ERROR_SECONDS = 5.0
+"""How long a command may take to say that it cannot work."""
 
 
 @pytest.fixture
@@ -21,74 +40,438 @@ def env(settings: Settings) -> dict[str, str]:
     }
 
 
-def invoke(env: dict[str, str], *args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args), env=env)
-    return result.exit_code, result.output
+def invoke(env: dict[str, str], *args: str) -> Result:
+    return CliRunner().invoke(main, list(args), env=env)
+
+
+def clean_environment(**variables: str) -> dict[str, str]:
+    """This process's environment without any TIDEGATE_* variable, plus ``variables``."""
+    kept = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    return {**kept, "PYTHONPATH": str(ROOT), **variables}
+
+
+def tidegate(
+    *args: str, env: dict[str, str], cwd: Path = ROOT
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``python -m tidegate ARGS`` as a process; return it and the seconds it took."""
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "tidegate", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return done, time.monotonic() - started
+
+
+def assert_one_line_failure(
+    done: subprocess.CompletedProcess[str], seconds: float, line: str
+) -> None:
+    assert (done.returncode, done.stderr, done.stdout) == (1, line + "\n", "")
+    assert seconds < ERROR_SECONDS
 
 
 def test_migrate_then_enqueue_then_list_and_show(env: dict[str, str]) -> None:
-    code, out = invoke(env, "migrate")
+    result = invoke(env, "migrate")
     versions = ", ".join(str(m.version) for m in migrations())
-    assert code == 0 and f"at version {latest_version()} (applied {versions})" in out
-    code, out = invoke(env, "migrate")
-    assert code == 0 and "up to date" in out
-    code, out = invoke(
+    assert result.exit_code == 0
+    assert f"at version {latest_version()} (applied {versions})" in result.stdout
+    result = invoke(env, "migrate")
+    assert result.exit_code == 0 and "up to date" in result.stdout
+    result = invoke(
         env, "enqueue", "echo", "--args", '{"a": 1}', "--lane", "manual", "--priority", "3"
     )
-    assert code == 0, out
-    run = json.loads(out)
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
     assert (run["task"], run["lane"], run["priority"], run["args"]) == (
         "echo",
         "manual",
         3,
         {"a": 1},
     )
-    code, out = invoke(env, "enqueue", "echo")
-    assert code == 0 and json.loads(out)["lane"] == "manual"  # a run started by hand
-    code, out = invoke(env, "runs", "--state", "available")
-    assert code == 0 and "echo" in out and "manual" in out
-    code, out = invoke(env, "runs", str(run["id"]))
-    assert code == 0 and json.loads(out)["id"] == run["id"]
-    code, out = invoke(env, "runs", "999999")
-    assert code == 1 and "no run 999999" in out
+    result = invoke(env, "enqueue", "echo")
+    assert result.exit_code == 0 and json.loads(result.stdout)["lane"] == "manual"
+    result = invoke(env, "runs", "--state", "available")
+    assert result.exit_code == 0 and "echo" in result.stdout and "manual" in result.stdout
+    result = invoke(env, "runs", str(run["id"]))
+    assert result.exit_code == 0 and json.loads(result.stdout)["id"] == run["id"]
+    result = invoke(env, "runs", "999999")
+    assert (result.exit_code, result.stderr) == (1, "tidegate: no run 999999\n")
+
+
+async def test_runs_table_says_why_a_pending_run_waits(
+    app: Tidegate, env: dict[str, str], sql: psycopg.Connection
+) -> None:
+    async with running_worker(app, "manual>*:2"):
+        lost = app.enqueue("nosuch.task")
+        done = app.enqueue("echo")
+        await wait_until(
+            lambda: (
+                dict(sql.execute("SELECT id, state::text FROM runs").fetchall())
+                == {lost.id: "pending", done.id: "succeeded"}
+            ),
+            10,
+        )
+    result = invoke(env, "runs")
+    assert result.exit_code == 0, result.output
+    header, *rows = result.stdout.splitlines()
+    columns = ["ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON"]
+    assert header.split() == columns
+    by_id = {int(row.split()[0]): row for row in rows}
+    assert by_id[lost.id].endswith("  no live worker has task 'nosuch.task' for lane 'default'")
+    assert re.search(r"succeeded  1/\d+ +\S+ \S+$", by_id[done.id])
+
+
+def test_command_options_also_read_their_environment_variable(env: dict[str, str]) -> None:
+    invoke(env, "migrate")
+    for i in range(3):
+        assert invoke(env, "enqueue", "echo", "--args", json.dumps({"i": i})).exit_code == 0
+    result = invoke({**env, "TIDEGATE_RUNS_LIMIT": "2", "TIDEGATE_RUNS_AS_JSON": "1"}, "runs")
+    assert result.exit_code == 0
+    assert [run["args"] for run in json.loads(result.stdout)] == [{"i": 2}, {"i": 1}]
 
 
 def test_bad_input_is_a_usage_error_that_stores_nothing(
     env: dict[str, str], sql: psycopg.Connection
 ) -> None:
     invoke(env, "migrate")
-    assert invoke(env, "enqueue", "echo", "--args", "{nope")[0] == 2
-    code, out = invoke(env, "enqueue", "echo", "--args", "[1, 2]")
-    assert code == 2 and "JSON object" in out
-    code, out = invoke(env, "enqueue", "echo", "--lane", "bad lane")
-    assert code == 2 and "lane name" in out
+    assert invoke(env, "enqueue", "echo", "--args", "{nope").exit_code == 2
+    result = invoke(env, "enqueue", "echo", "--args", "[1, 2]")
+    assert result.exit_code == 2 and "JSON object" in result.output
+    result = invoke(env, "enqueue", "echo", "--lane", "bad lane")
+    assert result.exit_code == 2 and "lane name" in result.output
     assert sql.execute("SELECT count(*) FROM runs").fetchone() == (0,)
 
 
 def test_bad_workloop_spec_fails_at_start_naming_the_bad_part(env: dict[str, str]) -> None:
-    code, out = invoke(env, "worker", "--app", "tests.apps:app", "--workloops", "fast_lane:1 *>x:2")
-    assert code == 2 and "'*>x:2'" in out
-    code, out = invoke(
-        {**env, "TIDEGATE_WORKLOOPS": "manual:0"}, "worker", "--app", "tests.apps:app"
-    )
-    assert code == 2 and "slots" in out
+    result = invoke(env, "worker", "--app", "tests.apps:app", "--workloops", "fast_lane:1 *>x:2")
+    assert result.exit_code == 2 and "'*>x:2'" in result.output
+    result = invoke({**env, "TIDEGATE_WORKLOOPS": "manual:0"}, "worker", "--app", "tests.apps:app")
+    assert result.exit_code == 2 and "slots" in result.output
 
 
 def test_worker_refuses_an_unmigrated_schema(env: dict[str, str]) -> None:
-    code, out = invoke(env, "worker", "--app", "tests.apps:app")
-    assert code == 1 and "tidegate migrate" in out
+    result = invoke(env, "worker", "--app", "tests.apps:app")
+    assert result.exit_code == 1 and "tidegate migrate" in result.stderr
 
 
-def test_db_reports_server_and_schema_version(env: dict[str, str]) -> None:
+def test_db_reports_server_and_schema_version_without_the_password(
+    env: dict[str, str], settings: Settings
+) -> None:
     invoke(env, "migrate")
-    code, out = invoke(env, "db")
-    assert code == 0
-    info = json.loads(out)
+    url = psycopg.conninfo.make_conninfo(settings.database_url or "", password="s3cret")
+    result = invoke({**env, "TIDEGATE_DATABASE_URL": url}, "db")
+    assert result.exit_code == 0
+    info = json.loads(result.stdout)
     assert info["schema_version"] == info["code_version"] == latest_version()
+    assert info["database"].startswith("PostgreSQL ")
+    assert "s3cret" not in result.output
 
 
-def test_demo_works_off_every_run(env: dict[str, str]) -> None:
-    code, out = invoke(env, "demo", "--runs", "40")
-    assert code == 0, out
-    assert "all 40 runs finished" in out
-    assert "discarded" not in out
+def test_demo_works_off_every_run_and_shows_its_progress(env: dict[str, str]) -> None:
+    result = invoke(env, "demo", "--runs", "40")
+    assert result.exit_code == 0, result.output
+    assert "runs done" in result.stdout
+    assert "all 40 runs finished" in result.stdout
+    assert "discarded" not in result.stdout
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_an_enqueue_of_a_task_no_worker_has_logs_a_warning(
+    settings: Settings, log_format: str
+) -> None:
+    env = clean_environment(
+        TIDEGATE_DATABASE_URL=settings.database_url or "", TIDEGATE_SCHEMA=settings.schema
+    )
+    assert tidegate("migrate", env=env)[0].returncode == 0
+    done, _ = tidegate("--log-format", log_format, "enqueue", "nosuch.task", env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["task"] == "nosuch.task"
+    message = (
+        "no live worker has task 'nosuch.task' for lane 'manual': its runs wait until one "
+        "starts (tidegate worker --app <module>:<app>)"
+    )
+    [line] = done.stderr.splitlines()
+    if log_format == "json":
+        entry = json.loads(line)
+        assert (entry["level"], entry["logger"], entry["message"]) == (
+            "WARNING",
+            "tidegate",
+            message,
+        )
+    else:
+        assert re.fullmatch(r"\S+ \S+ WARNING tidegate: " + re.escape(message), line)
+
+
+# -- expected failures: one line, status 1, within seconds ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "line"),
+    [
+        (
+            "postgresql://postgres@127.0.0.1:1/postgres",
+            "tidegate: cannot reach PostgreSQL at 127.0.0.1:1: connection refused",
+        ),
+        (
+            "postgresql://postgres@no-such-host.invalid:5432/postgres",
+            "tidegate: cannot reach PostgreSQL at no-such-host.invalid:5432: unknown host",
+        ),
+    ],
+    ids=["refused", "unknown-host"],
+)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["runs"],
+        ["enqueue", "echo"],
+        ["projects", "list"],
+        ["serve"],
+        ["worker", "--app", "tests.apps:app"],
+    ],
+    ids=lambda command: command[0],
+)
+def test_an_unreachable_database_is_one_line_within_seconds(
+    url: str, line: str, command: list[str]
+) -> None:
+    done, seconds = tidegate(*command, env=clean_environment(TIDEGATE_DATABASE_URL=url))
+    assert_one_line_failure(done, seconds, line)
+
+
+def test_a_server_that_never_answers_is_one_line_within_seconds() -> None:
+    """A port that takes connections and then says nothing, like a stuck server."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        done, seconds = tidegate("runs", env=clean_environment(TIDEGATE_DATABASE_URL=url))
+    assert_one_line_failure(
+        done,
+        seconds,
+        f"tidegate: cannot reach PostgreSQL at 127.0.0.1:{port}: no answer (timed out)",
+    )
+
+
+def test_verbose_adds_the_traceback_to_the_line() -> None:
+    url = "postgresql://postgres@127.0.0.1:1/postgres"
+    done, _ = tidegate("-v", "runs", env=clean_environment(TIDEGATE_DATABASE_URL=url))
+    assert done.returncode == 1
+    assert "Traceback" in done.stderr and "psycopg.OperationalError" in done.stderr
+    assert done.stderr.endswith(
+        "tidegate: cannot reach PostgreSQL at 127.0.0.1:1: connection refused\n"
+    )
+
+
+def test_a_missing_role_or_database_is_one_line(settings: Settings) -> None:
+    assert settings.database_url
+    params = psycopg.conninfo.conninfo_to_dict(settings.database_url)
+    host, port = str(params.get("host", "localhost")), params.get("port", 5432)
+    server = (  # the embedded server of the tests listens on a Unix socket
+        f"PostgreSQL on socket {host}/.s.PGSQL.{port}"
+        if host.startswith("/")
+        else f"PostgreSQL at {host}:{port}"
+    )
+    no_role = psycopg.conninfo.make_conninfo(settings.database_url, user="no_such_role")
+    done, seconds = tidegate("runs", env=clean_environment(TIDEGATE_DATABASE_URL=no_role))
+    assert_one_line_failure(
+        done,
+        seconds,
+        f'tidegate: cannot log in to {server}: role "no_such_role" does not exist',
+    )
+    no_database = psycopg.conninfo.make_conninfo(settings.database_url, dbname="no_such_db")
+    env = clean_environment(TIDEGATE_DATABASE_URL=no_database)
+    done, seconds = tidegate("enqueue", "echo", env=env)
+    assert_one_line_failure(
+        done,
+        seconds,
+        f'tidegate: {server} has no database "no_such_db": create it, or name another in the URL',
+    )
+
+
+@pytest.fixture
+def password_server(tmp_path: Path) -> Iterator[str]:
+    """A private PostgreSQL that asks role ``app`` for its password (``right``)."""
+    server = PrivatePostgres(tmp_path / "pg")
+    url = server.start()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE ROLE app LOGIN PASSWORD 'right'")
+        row = conn.execute("SHOW hba_file").fetchone()
+        assert row is not None
+        Path(row[0]).write_text("local all postgres trust\nlocal all all scram-sha-256\n")
+        conn.execute("SELECT pg_reload_conf()")
+    yield url
+    server.stop()
+
+
+def test_a_wrong_password_is_one_line(password_server: str) -> None:
+    url = psycopg.conninfo.make_conninfo(password_server, user="app", password="n0t-th3-passw0rd")
+    socket = psycopg.conninfo.conninfo_to_dict(url)["host"]
+    done, seconds = tidegate("runs", env=clean_environment(TIDEGATE_DATABASE_URL=url))
+    assert_one_line_failure(
+        done,
+        seconds,
+        f"tidegate: cannot log in to PostgreSQL on socket {socket}/.s.PGSQL.5432: "
+        'password authentication failed for user "app"',
+    )
+    assert "n0t-th3-passw0rd" not in done.stderr
+
+
+def test_a_schema_missing_older_or_newer_than_the_code_is_one_line(
+    settings: Settings, sql: psycopg.Connection
+) -> None:
+    env = clean_environment(
+        TIDEGATE_DATABASE_URL=settings.database_url or "", TIDEGATE_SCHEMA=settings.schema
+    )
+    want = latest_version()
+    done, seconds = tidegate("runs", env=env)
+    assert_one_line_failure(
+        done,
+        seconds,
+        f"tidegate: schema '{settings.schema}' is at version 0, this tidegate needs {want}: "
+        "run `tidegate migrate`",
+    )
+    assert tidegate("migrate", env=env)[0].returncode == 0
+    sql.execute("DELETE FROM migrations WHERE version = %s", [want])
+    done, seconds = tidegate("enqueue", "echo", env=env)
+    assert_one_line_failure(
+        done,
+        seconds,
+        f"tidegate: schema '{settings.schema}' is at version {want - 1}, this tidegate needs "
+        f"{want}: run `tidegate migrate`",
+    )
+    sql.execute(
+        "INSERT INTO migrations (version, name) VALUES (%s, 'future'), (%s, 'later')",
+        [want, want + 1],
+    )
+    done, seconds = tidegate("keys", "list", env=env)
+    assert_one_line_failure(
+        done,
+        seconds,
+        f"tidegate: schema '{settings.schema}' is at version {want + 1}, newer than this "
+        f"tidegate ({want}): upgrade tidegate",
+    )
+
+
+def test_commands_find_no_database_outside_a_tidegate_folder(tmp_path: Path) -> None:
+    for command in (["runs"], ["enqueue", "echo"], ["migrate"], ["db"], ["projects", "list"]):
+        done, seconds = tidegate(*command, env=clean_environment(), cwd=tmp_path)
+        assert_one_line_failure(
+            done,
+            seconds,
+            "tidegate: no tidegate database here or in any parent folder; start one with "
+            "tidegate serve, or set TIDEGATE_DATABASE_URL",
+        )
+    assert list(tmp_path.iterdir()) == []  # and nothing was created
+
+
+# -- --help tells the defaults the commands use -----------------------------------------
+
+
+def help_entries(*command: str) -> dict[str, str]:
+    """Read ``tidegate COMMAND --help``: each option's entry, its wrapped lines joined."""
+    result = CliRunner().invoke(main, [*command, "--help"])
+    assert result.exit_code == 0, result.output
+    options = result.stdout.split("Options:\n", 1)[1]
+    entries = re.split(r"\n(?=  -)", options.strip("\n"))
+    found = {}
+    for entry in entries:
+        option = re.match(r"\s*(?:-\w, )?(--[\w-]+)", entry)
+        assert option, entry
+        found[option[1]] = " ".join(entry.split())
+    del found["--help"]
+    return found
+
+
+def help_defaults(*command: str) -> dict[str, tuple[str | None, str | None]]:
+    """Each option of ``tidegate COMMAND --help``: its env var and its shown default."""
+    found = {}
+    for option, entry in help_entries(*command).items():
+        envvar = re.search(r"env var: (\w+)", entry)
+        default = re.search(r"default: ([^;\]]+)", entry)
+        found[option] = (envvar[1] if envvar else None, default[1] if default else None)
+    return found
+
+
+COMMANDS = [
+    [],
+    *[[name] for name in ("serve", "worker", "demo", "enqueue", "runs", "migrate", "db")],
+    *[["projects", name] for name in ("create", "update", "list")],
+    *[["triggers", name] for name in ("create", "update", "list")],
+    *[["keys", name] for name in ("set", "clear", "list")],
+    ["admin-token", "rotate"],
+]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda command: " ".join(command) or "tidegate")
+def test_help_shows_every_option_with_its_environment_variable(command: list[str]) -> None:
+    for option, (envvar, _) in help_defaults(*command).items():
+        assert envvar is not None and envvar.startswith("TIDEGATE_"), (command, option)
+
+
+def test_help_shows_the_settings_defaults_each_command_uses() -> None:
+    defaults = Settings()
+    for command in ([], ["worker"], ["serve"]):
+        for option, (envvar, shown) in help_defaults(*command).items():
+            name = (envvar or "").removeprefix("TIDEGATE_").lower()
+            if name == "workloops" or not hasattr(defaults, name):
+                continue  # workloops: checked by running the commands, below
+            value = getattr(defaults, name)
+            if name == "data_dir":
+                assert shown is not None and shown.startswith(f"./{value} for serve"), shown
+            else:
+                assert shown == (None if value is None else str(value)), (command, option)
+
+
+def test_serve_and_worker_start_the_workloops_their_help_shows(
+    app: Tidegate, settings: Settings, sql: psycopg.Connection
+) -> None:
+    """Start each with no option but where its database is, and read what registered."""
+    assert settings.database_url
+    env = clean_environment(
+        TIDEGATE_DATABASE_URL=settings.database_url, TIDEGATE_SCHEMA=settings.schema
+    )
+    for command, worker in [
+        ("serve", ["serve", "--role", "worker"]),
+        ("worker", ["worker", "--app", "tests.apps:app"]),
+    ]:
+        process = subprocess.Popen([sys.executable, "-m", "tidegate", *worker], env=env, cwd=ROOT)
+        try:
+            wait_for_workers(settings.database_url, settings.schema, 1)
+            row = sql.execute("SELECT workloops FROM workers").fetchone()
+        finally:
+            process.terminate()
+            assert process.wait(30) == 0
+        assert row is not None
+        shown = help_defaults(command)["--workloops"][1]
+        assert shown is not None
+        registered = [(tuple(group["chain"]), group["slots"]) for group in row[0]]
+        assert registered == [(spec.chain, spec.slots) for spec in parse_workloops(shown)]
+
+
+@pytest.mark.parametrize("token", [" tga_x", "tga x", "caf\u00e9", "x" * 256, ""])
+def test_an_admin_token_no_header_can_carry_is_refused_not_stored(
+    env: dict[str, str], settings: Settings, token: str
+) -> None:
+    """A token with a space, a blank, an accent, or past 255 characters could never be
+    sent back in ``Authorization: Bearer``: storing it locked the super admin out."""
+    assert invoke(env, "migrate").exit_code == 0
+    result = invoke(env, "admin-token", "rotate", "--token", "tga_good")
+    assert result.exit_code == 0, result.output
+
+    result = invoke(env, "admin-token", "rotate", "--token", token)
+
+    assert result.exit_code == 2, result.output
+    assert "visible ASCII" in result.output
+    assert settings.database_url
+    with psycopg.connect(
+        settings.database_url, options=f"-c search_path={settings.schema}"
+    ) as conn:
+        stored = conn.execute("SELECT token_hash FROM admin_tokens").fetchall()
+    assert stored == [(hash_token("tga_good"),)]
+    # The same bound holds for TIDEGATE_ADMIN_TOKEN, which a server stores at start.
+    result = invoke({**env, "TIDEGATE_ADMIN_TOKEN": token or " "}, "serve", "--role", "api")
+    assert result.exit_code == 2, result.output
+    assert "admin_token must be 1 to 255 visible ASCII" in result.output

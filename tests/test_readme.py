@@ -1,0 +1,85 @@
+"""The README's library quick start works copied verbatim.
+
+The test takes the quick start's code blocks out of README.md and runs them as a reader
+would, in an empty folder: it writes ``myapp.py`` from the Python block, then runs each
+line of the shell block, the ``python`` and ``tidegate`` of this environment first on the
+PATH (as in an activated virtualenv). A ``tidegate worker`` line keeps running, as it
+would in a terminal, until every run has finished; then it gets SIGTERM (Ctrl+C).
+
+The database is the test's, through ``TIDEGATE_DATABASE_URL`` and ``TIDEGATE_SCHEMA``,
+migrated beforehand as the README tells users of their own PostgreSQL to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from tests.conftest import ROOT, wait_until
+from tidegate import Settings, Tidegate
+
+README = ROOT / "README.md"
+
+
+def quick_start() -> tuple[str, list[list[str]]]:
+    """Return the quick start's Python file and its shell commands, as the README has them."""
+    section = README.read_text().split("\n## Library quick start\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL)
+    [python] = [code for language, code in blocks if language == "python"]
+    [shell] = [code for language, code in blocks if language == "sh"]
+    commands = [shlex.split(line, comments=True) for line in shell.splitlines()]
+    return python, [command for command in commands if command]
+
+
+def count(sql: psycopg.Connection, where: str = "true") -> int:
+    row = sql.execute(f"SELECT count(*) FROM runs WHERE {where}").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_the_library_quick_start_runs_as_written(
+    app: Tidegate, settings: Settings, sql: psycopg.Connection, tmp_path: Path
+) -> None:
+    python, commands = quick_start()
+    assert python.startswith("# myapp.py\n")
+    (tmp_path / "myapp.py").write_text(python)
+    assert [command[:2] for command in commands] == [
+        ["python", "myapp.py"],
+        ["tidegate", "worker"],
+    ]
+    assert settings.database_url
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")},
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "TIDEGATE_DATABASE_URL": settings.database_url,
+        "TIDEGATE_SCHEMA": settings.schema,
+    }
+
+    script = subprocess.run(commands[0], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert script.returncode == 0, script.stderr
+    enqueued = count(sql)
+    assert enqueued > 0
+    assert count(sql, "idempotency_key = 'order-42'") == 1
+
+    worker = subprocess.Popen(commands[1], cwd=tmp_path, env=env)
+    try:
+        # The delayed run is due a few seconds after the script ran.
+        await wait_until(lambda: count(sql, "state <> 'succeeded'") == 0, 60, interval=0.2)
+    finally:
+        worker.send_signal(signal.SIGINT)
+        assert worker.wait(30) == 0
+
+    # Importing myapp in the worker enqueued nothing more, and no attempt failed.
+    assert count(sql) == enqueued
+    assert count(sql, "attempt = 1 AND errors = '[]'") == enqueued
+    assert {row[0] for row in sql.execute("SELECT DISTINCT task FROM runs")} == {
+        "myapp.send_email",
+        "myapp.rebuild_index",
+    }
