@@ -98,3 +98,28 @@ async def test_a_heartbeat_the_database_refuses_is_retried_while_runs_go_on(
             return bool(row and row[0])
 
         await wait_until(beating, 10)
+
+
+async def test_an_outcome_that_comes_after_its_run_left_the_worker_leaves_a_trace(
+    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As when a database crash loses a claim (the worker's commits are asynchronous):
+    the run is available again while its handler still runs. It runs again, and the
+    first execution's late outcome, not recorded, is noted in the run's errors."""
+    run = app.enqueue("async_sleep", {"seconds": 1.0})
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: states(sql) == {"running": 1}, 10)
+        sql.execute(
+            "UPDATE runs SET state = 'available', attempt = 0, worker_id = NULL,"
+            " workloop = NULL, lease_expires_at = NULL, attempted_at = NULL WHERE id = %s",
+            [run.id],
+        )
+        await wait_until(lambda: states(sql) == {"succeeded": 1}, 10)
+    finished = app.get_run(run.id)
+    assert finished is not None and finished.attempt == 1
+    assert [e["error"].split(":")[0] for e in finished.errors] == ["late outcome"]
+    assert "ended (succeeded) on worker" in finished.errors[0]["error"]
+    assert any(
+        r.levelno == logging.WARNING and f"run {run.id}: the outcome of attempt 1" in r.getMessage()
+        for r in caplog.records
+    )

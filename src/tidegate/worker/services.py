@@ -164,7 +164,7 @@ class Completer(Service):
         leased until its lease lapses, and the rescuer runs it again.
         """
         try:
-            await self._write(batch)
+            recorded = await self._write(batch)
         except psycopg.Error as error:
             if len(batch) > 1:
                 for outcome in batch:
@@ -177,18 +177,29 @@ class Completer(Service):
                 batch[0].state,
                 describe(error),
             )
+        else:
+            for outcome in batch:
+                if outcome.run_id not in recorded:
+                    log.warning(
+                        "run %d: the outcome of attempt %d (%s) came after the run had left "
+                        "this worker (lease lapsed, cancelled, or its claim lost in a "
+                        "database crash): not recorded, noted in its errors",
+                        outcome.run_id,
+                        outcome.attempt,
+                        outcome.state.value,
+                    )
         for outcome in batch:
             written = self.pending.pop(outcome.run_id, None)
             if written is not None and not written.done():
                 written.set_result(None)
 
-    async def _write(self, batch: Sequence[Outcome]) -> None:
+    async def _write(self, batch: Sequence[Outcome]) -> set[int]:
+        """Write a batch; return the ids of the runs whose outcomes were recorded."""
         params = {**self.params, "outcomes": json.dumps([o.as_row() for o in batch])}
         failures = 0
         while True:
             try:
-                await fetch(self.pool, "complete_runs", params)
-                return
+                return {row[0] for row in await fetch(self.pool, "complete_runs", params)}
             except psycopg.Error as error:
                 if not transient(error):
                     raise
