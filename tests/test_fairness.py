@@ -426,7 +426,7 @@ async def test_low_priority_run_is_not_starved_by_a_stream_of_higher_priority_ru
     deadline = loop.time() + 20
     while count(sql, "id = %s AND state = 'succeeded'", [last.id]) == 0:
         assert loop.time() < deadline, "the priority-9 run did not run while the stream went on"
-        stream(50)
+        stream(100)  # 400 runs a round: more than one worker of 4 slots drains meanwhile
         await asyncio.sleep(0.05)
     stream(50)  # the stream has not ended
 
