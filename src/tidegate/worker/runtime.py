@@ -8,9 +8,9 @@ admits, on a slot freeing, or, as a safety net, every ``poll_seconds``.
 
 A worker claims only runs of the tasks it has (its app's tasks when it starts, also
 advertised in its row): a claim passes over a run of another task, leaving it for a
-worker that has it. When no live worker has it, the parker (every ``stage_seconds``)
-sets it ``pending`` until one starts, out of the claims' way. No attempt is spent for
-want of a task.
+worker that has it. When no live worker has it, the parker (every ``stage_seconds``,
+after a claim that came up short) sets it ``pending`` until one starts, out of the
+claims' way. No attempt is spent for want of a task.
 
 Shutdown (SIGTERM/SIGINT): stop claiming, let in-flight runs finish for up to
 ``shutdown_grace_seconds``, then cancel async handlers and hand their runs back to
@@ -139,6 +139,8 @@ class Workloop(Service):
                 # A short one found the lanes empty: new runs will say so (NOTIFY). Runs
                 # set pending made room at the head of a lane: look again at once.
                 self.backlog = len(claimed) == demand
+                if not self.backlog:
+                    worker.came_up_short = True
                 if not (self.backlog or parked):
                     break
 
@@ -209,6 +211,9 @@ class Worker:
         """The tasks this worker runs: its app's, as they were when it was made."""
         self.live_seconds = 3 * self.settings.heartbeat_seconds
         """How recently a worker must have beaten to count as alive."""
+        self.came_up_short = False
+        """Whether a claim came up short since the parker last looked: strays may be
+        what it passed over. While every claim is full, none is in the way."""
         self.workloops = [
             Workloop(self, spec, i) for i, spec in enumerate(self.settings.parsed_workloops)
         ]
@@ -445,6 +450,9 @@ class Worker:
     async def park(self, params: dict[str, Any]) -> bool:
         """Set pending the runs at the head of this worker's lanes that no live worker
         can run, and say so; a claim only passes over them."""
+        if not self.came_up_short:
+            return False
+        self.came_up_short = False
         async with self.pool.connection() as conn:
             cursor = conn.cursor(row_factory=run_row)
             await cursor.execute(query("park_strays"), params)

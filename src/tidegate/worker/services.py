@@ -178,20 +178,31 @@ class Completer(Service):
                 describe(error),
             )
         else:
-            for outcome in batch:
-                if outcome.run_id not in recorded:
-                    log.warning(
-                        "run %d: the outcome of attempt %d (%s) came after the run had left "
-                        "this worker (lease lapsed, cancelled, or its claim lost in a "
-                        "database crash): not recorded, noted in its errors",
-                        outcome.run_id,
-                        outcome.attempt,
-                        outcome.state.value,
-                    )
+            late = [outcome for outcome in batch if outcome.run_id not in recorded]
+            if late:
+                await self._note_late(late)
         for outcome in batch:
             written = self.pending.pop(outcome.run_id, None)
             if written is not None and not written.done():
                 written.set_result(None)
+
+    async def _note_late(self, late: Sequence[Outcome]) -> None:
+        """Say, in the log and in the runs' errors, which outcomes came too late."""
+        for outcome in late:
+            log.warning(
+                "run %d: the outcome of attempt %d (%s) came after the run had left this "
+                "worker (lease lapsed, cancelled, or its claim lost in a database crash): "
+                "not recorded, noted in its errors",
+                outcome.run_id,
+                outcome.attempt,
+                outcome.state.value,
+            )
+        rows = [{"id": o.run_id, "attempt": o.attempt, "state": o.state.value} for o in late]
+        params = {"worker_id": self.params["worker_id"], "outcomes": json.dumps(rows)}
+        try:
+            await fetch(self.pool, "note_late_outcomes", params)
+        except psycopg.Error as error:  # only a note: the log line above stands
+            log.warning("could not note late outcomes in their runs: %s", describe(error))
 
     async def _write(self, batch: Sequence[Outcome]) -> set[int]:
         """Write a batch; return the ids of the runs whose outcomes were recorded."""

@@ -2,11 +2,10 @@
 --
 -- The guard (still running, same attempt, same worker) keeps a late outcome from
 -- overwriting: a run that was rescued and claimed again, or cancelled meanwhile, keeps
--- its newer state. A late outcome leaves a trace instead (late): an entry in the run's
--- errors saying that an execution ended on this worker after the run had left it, so a
--- duplicate execution shows in the history (a claim lost in a database crash leaves no
--- other). A retry goes back to 'scheduled' with its delay; the stager makes it
--- available when due. Finished fast-lane runs NOTIFY their id for a waiting caller.
+-- its newer state. The ids returned are the outcomes recorded; the worker notes the
+-- others in their runs' errors (note_late_outcomes.sql). A retry goes back to
+-- 'scheduled' with its delay; the stager makes it available when due. Finished
+-- fast-lane runs NOTIFY their id for a waiting caller.
 -- The batch arrives as one JSON array of objects: one parameter, parsed in C.
 WITH outcome AS (
     SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(
@@ -33,19 +32,6 @@ done AS (
       AND runs.state = 'running'
       AND runs.worker_id = %(worker_id)s
     RETURNING runs.id, runs.lane, runs.state
-),
-late AS (
-    UPDATE runs
-    SET errors = runs.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', lost.attempt,
-        'at', now(),
-        'error', format(
-            'late outcome: attempt %%s ended (%%s) on worker %%s after the run had left it'
-            ' (its lease lapsed, it was cancelled, or a database crash lost the claim);'
-            ' not recorded', lost.attempt, lost.state, %(worker_id)s::text)))
-    FROM (SELECT * FROM outcome WHERE id NOT IN (SELECT id FROM done)) AS lost
-    WHERE runs.id = lost.id
-    RETURNING runs.id
 ),
 notified AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
