@@ -345,6 +345,16 @@ def demo(ctx: click.Context, /, count: int) -> None:
     type=click.IntRange(min=0),
     help="In-flight fast-lane runs per project without a cap of its own.",
 )
+@_option(
+    "--metrics-max-lanes",
+    type=click.IntRange(3, 10_000),
+    help="The most lanes GET /metrics reports.",
+)
+@_option(
+    "--metrics-max-projects",
+    type=click.IntRange(0, 10_000),
+    help="The most projects GET /metrics reports (the busiest).",
+)
 @_option("--access-log", is_flag=True, help="Log every HTTP request.")
 @click.pass_context
 def serve(

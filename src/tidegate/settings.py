@@ -50,6 +50,8 @@ DEFAULT_MAX_HEADERS = 100
 DEFAULT_READ_TIMEOUT_SECONDS = 30.0
 DEFAULT_BODY_TIMEOUT_SECONDS = 60.0
 DEFAULT_LOG_FORMAT = "text"
+DEFAULT_METRICS_MAX_LANES = 100
+DEFAULT_METRICS_MAX_PROJECTS = 100
 LOG_FORMATS = ("text", "json")
 
 MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
@@ -66,6 +68,8 @@ COUNT_BOUNDS = {
     "max_headers": (8, 1000),
     "fast_lane_cap": (0, 2**31 - 1),
     "port": (0, 65535),
+    "metrics_max_lanes": (3, 10_000),
+    "metrics_max_projects": (0, 10_000),
 }
 """The range of each whole-number setting: what the columns and the code can hold."""
 
@@ -120,6 +124,10 @@ class Settings:
     a byte now and then, each within ``read_timeout_seconds``, is cut off too."""
     log_format: str = DEFAULT_LOG_FORMAT
     """``text`` for people, ``json`` (one object per line) for log collectors."""
+    metrics_max_lanes: int = DEFAULT_METRICS_MAX_LANES
+    """The most lanes ``/metrics`` reports (in name order): a lane is a label value."""
+    metrics_max_projects: int = DEFAULT_METRICS_MAX_PROJECTS
+    """The most projects ``/metrics`` reports (the busiest): a project is a label value."""
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

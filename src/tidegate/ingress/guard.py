@@ -7,11 +7,12 @@ body or matches a route:
   bounded in ``tidegate.ingress.protocol``);
 - a NUL character in the path or the query (``%00``): 400, PostgreSQL text cannot hold
   one, whatever parameter it would become;
-- ``/admin/*`` and ``/runs*``: the bearer token is checked from the headers alone, and a
-  caller without a valid one gets 401/403 before a byte of its body is read, whatever
-  body it announces; the caller goes to the routes as ``request.state.caller``. This
-  runs outside FastAPI's exception handlers, so a database error while looking the
-  token up is answered here, as a route's would be (503 when unreachable);
+- ``/admin/*``, ``/runs*`` and ``/metrics`` (the admin's only, like ``/admin``): the
+  bearer token is checked from the headers alone, and a caller without a valid one gets
+  401/403 before a byte of its body is read, whatever body it announces; the caller goes
+  to the routes as ``request.state.caller``. This runs outside FastAPI's exception
+  handlers, so a database error while looking the token up is answered here, as a
+  route's would be (503 when unreachable);
 - a body over its limit: 413, on ``Content-Length`` and again while it arrives (the JSON
   APIs: ``max_api_body_bytes``; the webhook route applies its trigger's own limit);
 - a body that stops arriving for ``read_timeout_seconds``, or that is not all in within
@@ -37,8 +38,8 @@ from tidegate.ingress.server import database_problem, problem
 if TYPE_CHECKING:
     from tidegate.ingress.server import Ingress
 
-AUTHENTICATED = ("/admin", "/runs")
-ADMIN_ONLY = "/admin"
+AUTHENTICATED = ("/admin", "/runs", "/metrics")
+ADMIN_ONLY = ("/admin", "/metrics")
 CLOSE = {"Connection": "close"}
 
 

@@ -150,7 +150,7 @@ class Ingress:
 
 def create_server(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for one API process."""
-    from tidegate.ingress import admin, hooks, runs_api
+    from tidegate.ingress import admin, hooks, metrics, runs_api
     from tidegate.ingress.guard import Guard
 
     ingress = Ingress(settings or Settings.from_env())
@@ -175,6 +175,7 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     server.include_router(hooks.router)
     server.include_router(runs_api.router)
     server.include_router(admin.router)
+    server.include_router(metrics.router)
 
     @server.exception_handler(psycopg.Error)
     async def database_error(request: Request, error: psycopg.Error) -> JSONResponse:

@@ -1,0 +1,190 @@
+"""``GET /metrics``: the cluster's figures in Prometheus' text format, read at scrape time.
+
+Every figure is read from PostgreSQL when Prometheus asks (``read_figures``), so every
+API process reports the same ones and nothing resets when a process restarts or is
+counted twice across processes; the workers are seen through their rows, so they need
+no port of their own. Each statement's cost is bounded whatever the number of runs,
+lanes or projects: counts stop at ``COUNT_CAP`` (an estimate above it), and the series
+per lane and per project at ``metrics_max_lanes`` and ``metrics_max_projects``
+(docs/metrics.md says how each figure is computed, what it costs, how exact it is).
+
+The route needs the super admin's token (the ``Guard`` checks it): the figures name
+projects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request, Security
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tidegate.ingress.auth import BEARER
+from tidegate.ingress.server import AUTH_RESPONSES, Ingress
+from tidegate.settings import Settings
+from tidegate.storage.sql import Statement, Steps
+
+COUNT_CAP = 10_000
+"""How many runs of a lane in a state a scrape counts; a depth past it is estimated."""
+COUNT_BUDGET = 50_000
+"""How many runs a scrape counts in all; depths past it are estimated."""
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""Prometheus' classic text format, which every version reads: the names and labels
+here are all plain ones, so ``generate_latest`` writes exactly that."""
+ACTIVE_STATES = ("scheduled", "available", "pending", "running")
+
+router = APIRouter(tags=["metrics"], dependencies=[Security(BEARER)], responses=AUTH_RESPONSES)
+
+
+@dataclass(frozen=True)
+class LaneFigures:
+    lane: str
+    depth: dict[str, int]
+    """Runs by state: exact below ``COUNT_CAP``, an estimate (at least the cap) above."""
+    lag_seconds: float
+    """How long the lane's oldest ready run has been due; 0 when none is ready."""
+
+
+@dataclass(frozen=True)
+class Workloop:
+    chain: str
+    slots: int
+    busy: int
+
+
+@dataclass(frozen=True)
+class ProjectFigures:
+    project: str
+    fast_lane_in_flight: int
+    fast_lane_cap: int
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What one scrape read from the database."""
+
+    lanes: list[LaneFigures]
+    workers_live: int
+    heartbeat_age_seconds: float
+    workloops: list[Workloop]
+    projects: list[ProjectFigures]
+
+
+def read_figures(settings: Settings) -> Steps[Figures]:
+    """Read every figure of a scrape: three statements, each bounded (see module doc)."""
+    lanes = yield Statement(
+        "read_lanes",
+        {
+            "max_lanes": settings.metrics_max_lanes,
+            "count_cap": COUNT_CAP,
+            "count_budget": COUNT_BUDGET,
+        },
+    )
+    workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
+    projects = yield Statement(
+        "read_fast_lane_projects",
+        {
+            "max_projects": settings.metrics_max_projects,
+            "scan_limit": COUNT_CAP,
+            "default_cap": settings.fast_lane_cap,
+        },
+    )
+    return Figures(
+        lanes=[
+            LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag)
+            for lane, *depths, lag in lanes
+        ],
+        workers_live=workers[0][0],
+        heartbeat_age_seconds=workers[0][1],
+        workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],
+        projects=[ProjectFigures(*row) for row in projects],
+    )
+
+
+class FiguresCollector(Collector):
+    """The metric families of one scrape's ``Figures``."""
+
+    def __init__(self, figures: Figures) -> None:
+        self.figures = figures
+
+    def collect(self) -> Iterable[Metric]:
+        figures = self.figures
+        runs = GaugeMetricFamily(
+            "tidegate_runs",
+            "Runs in a lane by state (exact up to 10,000 per lane and state, estimated above).",
+            labels=["lane", "state"],
+        )
+        lag = GaugeMetricFamily(
+            "tidegate_lane_lag_seconds",
+            "How long the lane's oldest available run has been due (0: none available).",
+            labels=["lane"],
+        )
+        for lane in figures.lanes:
+            for state, count in lane.depth.items():
+                runs.add_metric([lane.lane, state], count)
+            lag.add_metric([lane.lane], lane.lag_seconds)
+        yield runs
+        yield lag
+        yield GaugeMetricFamily(
+            "tidegate_workers_live",
+            "Workers whose last heartbeat is within three heartbeat intervals.",
+            value=figures.workers_live,
+        )
+        yield GaugeMetricFamily(
+            "tidegate_worker_heartbeat_age_seconds",
+            "Seconds since the least recent heartbeat of a live worker (0: no live worker).",
+            value=figures.heartbeat_age_seconds,
+        )
+        slots = GaugeMetricFamily(
+            "tidegate_workloop_slots",
+            "Slots of the live workers' workloops, by lane chain.",
+            labels=["chain"],
+        )
+        busy = GaugeMetricFamily(
+            "tidegate_workloop_busy",
+            "Busy slots of the live workers' workloops at their last heartbeat, by lane chain.",
+            labels=["chain"],
+        )
+        for loop in figures.workloops:
+            slots.add_metric([loop.chain], loop.slots)
+            busy.add_metric([loop.chain], loop.busy)
+        yield slots
+        yield busy
+        in_flight = GaugeMetricFamily(
+            "tidegate_fast_lane_in_flight",
+            "A project's fast-lane runs in flight (the busiest projects only).",
+            labels=["project"],
+        )
+        cap = GaugeMetricFamily(
+            "tidegate_fast_lane_cap",
+            "A project's fast-lane cap (the busiest projects only).",
+            labels=["project"],
+        )
+        for project in figures.projects:
+            in_flight.add_metric([project.project], project.fast_lane_in_flight)
+            cap.add_metric([project.project], project.fast_lane_cap)
+        yield in_flight
+        yield cap
+
+
+def exposition(figures: Figures) -> bytes:
+    """Render ``figures`` in Prometheus' text format."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FiguresCollector(figures))
+    return generate_latest(registry)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE: {}}}},
+)
+async def metrics(request: Request) -> Response:
+    """The cluster's figures for Prometheus (the super admin's token)."""
+    ingress: Ingress = request.app.state.ingress
+    figures = await ingress.run(read_figures(ingress.settings))
+    return Response(exposition(figures), media_type=CONTENT_TYPE)
