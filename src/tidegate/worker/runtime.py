@@ -31,6 +31,7 @@ import os
 import secrets
 import signal
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -45,6 +46,7 @@ from tidegate.settings import Settings
 from tidegate.storage.database import transient
 from tidegate.storage.migrate import check_schema
 from tidegate.storage.sql import query
+from tidegate.worker.counters import Counters, as_json
 from tidegate.worker.execute import Outcome, execute
 from tidegate.worker.services import (
     BATCH_LIMIT,
@@ -157,11 +159,14 @@ class Workloop(Service):
 
     async def execute(self, run: Run) -> None:
         worker = self.worker
+        started = time.monotonic()
         outcome = await execute(run, worker.tasks[run.task], worker.executor, worker.settings)
+        seconds = time.monotonic() - started
         _log_outcome(run, outcome)
         # The slot frees once the outcome is written, not before: a claim must not
         # take more runs than the workloop has slots while outcomes wait in a batch.
-        await worker.completer.add(outcome)
+        recorded = await worker.completer.add(outcome)
+        worker.counters.count(run, outcome, recorded, seconds)
         del self.running[run.id], self.runs[run.id]
         if self.backlog:
             self.wake.set()
@@ -214,6 +219,8 @@ class Worker:
         self.came_up_short = False
         """Whether a claim came up short since the parker last looked: strays may be
         what it passed over. While every claim is full, none is in the way."""
+        self.counters = Counters()
+        """The attempts finished since the last heartbeat, which writes them."""
         self.workloops = [
             Workloop(self, spec, i) for i, spec in enumerate(self.settings.parsed_workloops)
         ]
@@ -278,6 +285,13 @@ class Worker:
                         "batch": self.settings.prune_batch,
                     },
                     full=self.settings.prune_batch,
+                ),
+            ),
+            Periodic(
+                "folder",
+                self.settings.rescue_seconds,
+                self._batch(
+                    "fold_counters", {"live_seconds": self.live_seconds, "limit": BATCH_LIMIT}
                 ),
             ),
         ]
@@ -404,10 +418,16 @@ class Worker:
                         "channel": self.app.available_channel,
                     },
                 )
+            await fetch(
+                self.pool,
+                "retire_counters",
+                {"worker_id": self.id, "counters": as_json(self.counters.take())},
+            )
             await fetch(self.pool, "delete_worker", {"worker_id": self.id})
         except psycopg.Error as error:
             log.warning(
-                "worker %s: database gone at shutdown, leases will expire: %s",
+                "worker %s: database gone at shutdown, leases will expire, the attempts "
+                "finished since the last heartbeat go uncounted: %s",
                 self.id,
                 describe(error),
             )
@@ -432,19 +452,25 @@ class Worker:
         ]
         held = [run_id for loop in self.workloops for run_id in loop.running]
         held += list(self.completer.pending)
-        await fetch(
-            self.pool,
-            "beat_worker",
-            {
-                "worker_id": self.id,
-                "host": socket.gethostname(),
-                "pid": os.getpid(),
-                "workloops": json.dumps(workloops),
-                "tasks": list(self.tasks),
-                "run_ids": held,
-                "lease_seconds": self.settings.lease_seconds,
-            },
-        )
+        counted = self.counters.take()
+        try:
+            await fetch(
+                self.pool,
+                "beat_worker",
+                {
+                    "worker_id": self.id,
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "workloops": json.dumps(workloops),
+                    "tasks": list(self.tasks),
+                    "run_ids": held,
+                    "lease_seconds": self.settings.lease_seconds,
+                    "counters": as_json(counted),
+                },
+            )
+        except BaseException:  # not written: the next beat (or the stop) writes them
+            self.counters.restore(counted)
+            raise
         return False
 
     async def park(self, params: dict[str, Any]) -> bool:

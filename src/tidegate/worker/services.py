@@ -1,12 +1,14 @@
 """The worker's background duties, each a small service with ``start``/``stop``.
 
-- ``Heartbeat``: writes the worker row (workloops, slots, busy) and renews its leases.
+- ``Heartbeat``: writes the worker row (workloops, slots, busy), renews its leases, and
+  adds the attempts it finished since the last beat to its counters (worker/counters.py).
 - ``Stager``: makes scheduled runs that came due available, and pending runs of this
   worker's tasks.
 - ``Parker``: sets pending the runs at the head of this worker's lanes whose task no
   live worker has.
 - ``Rescuer``: returns the runs of workers whose leases ran out.
 - ``Pruner``: deletes finished runs past retention, one process at a time.
+- ``Folder``: folds the counters of workers that are no longer live into ``retired``.
 - ``Completer``: writes outcomes in batches; fast-lane outcomes at once.
 - ``Listener``: LISTENs for ready lanes and wakes the workloops that can take them.
 
@@ -122,6 +124,8 @@ class Completer(Service):
     leases renewed) until they are written. ``add`` returns a future that resolves once
     the outcome is written: a slot stays taken until then, so the database never shows
     a workloop running more runs than it has slots, and a slow database slows claiming.
+    It resolves to whether the outcome was recorded (not when it came late, or was
+    refused).
     """
 
     name = "completer"
@@ -131,12 +135,12 @@ class Completer(Service):
         self.pool = pool
         self.params = params
         self.queue: list[Outcome] = []
-        self.pending: dict[int, asyncio.Future[None]] = {}
+        self.pending: dict[int, asyncio.Future[bool]] = {}
         """Outcomes not written yet, by run id: each future resolves once it is."""
         self.ready = asyncio.Event()
         self.urgent: set[asyncio.Task[None]] = set()
 
-    def add(self, outcome: Outcome) -> asyncio.Future[None]:
+    def add(self, outcome: Outcome) -> asyncio.Future[bool]:
         written = self.pending[outcome.run_id] = asyncio.get_running_loop().create_future()
         if outcome.lane == "fast_lane":
             task = asyncio.create_task(self.write([outcome]), name="tidegate.complete-fast")
@@ -156,13 +160,15 @@ class Completer(Service):
                 await self.write(batch)
 
     async def write(self, batch: Sequence[Outcome]) -> None:
-        """Write a batch; resolve each outcome's future once it is written or given up.
+        """Write a batch; resolve each outcome's future once it is written or given up,
+        to whether it was recorded.
 
         A transient error (an outage) is retried until it passes. A batch the database
         refuses is written one outcome at a time, so one bad outcome cannot hold back the
         others; an outcome refused on its own is given up, logged at ERROR: its run stays
         leased until its lease lapses, and the rescuer runs it again.
         """
+        recorded: set[int] = set()
         try:
             recorded = await self._write(batch)
         except psycopg.Error as error:
@@ -184,7 +190,7 @@ class Completer(Service):
         for outcome in batch:
             written = self.pending.pop(outcome.run_id, None)
             if written is not None and not written.done():
-                written.set_result(None)
+                written.set_result(outcome.run_id in recorded)
 
     async def _note_late(self, late: Sequence[Outcome]) -> None:
         """Say, in the log and in the runs' errors, which outcomes came too late."""

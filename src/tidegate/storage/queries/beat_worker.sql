@@ -1,6 +1,7 @@
 -- A worker's heartbeat: its row (workloops, slots, busy, the tasks it has) for the
--- cluster's capacity view and for claims of runs it could take, and the leases of the
--- runs it holds, extended in the same round trip.
+-- cluster's capacity view and for claims of runs it could take, the leases of the
+-- runs it holds, extended, and the attempts it finished since its last heartbeat,
+-- added to its counters: all in the same round trip.
 WITH beat AS (
     INSERT INTO workers (id, host, pid, workloops, tasks)
     VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb, %(tasks)s::text[])
@@ -12,5 +13,19 @@ renewed AS (
     SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8)
     WHERE id = ANY(%(run_ids)s::bigint[]) AND state = 'running' AND worker_id = %(worker_id)s
     RETURNING id
+),
+-- Only this worker writes these rows, but a fold may have taken them meanwhile: then
+-- the counts start new rows, and nothing is counted twice.
+counted AS (
+    INSERT INTO worker_counters AS c (worker_id, task, lane, outcome, attempts, seconds, buckets)
+    SELECT %(worker_id)s, n.task, n.lane, n.outcome, n.attempts, n.seconds, n.buckets
+    FROM jsonb_to_recordset(%(counters)s::jsonb) AS n(
+        task text, lane text, outcome text, attempts bigint, seconds float8, buckets bigint[]
+    )
+    ORDER BY n.task, n.lane, n.outcome
+    ON CONFLICT (worker_id, task, lane, outcome) DO UPDATE
+    SET attempts = c.attempts + excluded.attempts,
+        seconds = c.seconds + excluded.seconds,
+        buckets = add_buckets(c.buckets, excluded.buckets)
 )
 SELECT count(*) AS renewed FROM renewed
