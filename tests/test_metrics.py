@@ -16,9 +16,9 @@ import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import wait_until
+from tests.conftest import running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project
-from tidegate import NewRun, Tidegate
+from tidegate import NewRun, RunState, Tidegate
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 CLOCKED = ("tidegate_lane_lag_seconds", "tidegate_worker_heartbeat_age_seconds")
@@ -179,3 +179,138 @@ def test_project_series_stop_at_the_busiest_projects(
         (("project", "p1"),): 0,
         (("project", "p10"),): 0,
     }
+
+
+FINISHED = {RunState.SUCCEEDED, RunState.DISCARDED, RunState.CANCELLED}
+
+
+def attempts(samples: Samples) -> dict[tuple[str, str, str], float]:
+    """``tidegate_attempts_total`` by (task, lane, outcome)."""
+    return {
+        (labels["task"], labels["lane"], labels["outcome"]): value
+        for labels, value in (
+            (dict(labels), value)
+            for labels, value in series(samples, "tidegate_attempts_total").items()
+        )
+    }
+
+
+async def scraped_attempts(api: ApiServer, expected: dict[tuple[str, str, str], float]) -> Samples:
+    """Scrape until the attempts are ``expected`` (within a few heartbeats); return it."""
+    latest: list[Samples] = []
+
+    def counted() -> bool:
+        latest[:] = [scrape(api)]
+        return attempts(latest[0]) == expected
+
+    try:
+        await wait_until(counted, 10, interval=0.2)
+    except AssertionError:
+        raise AssertionError(f"{attempts(latest[0])} != {expected}") from None
+    return latest[0]
+
+
+async def test_attempts_and_durations_count_what_the_workers_finished(
+    app: Tidegate, sql: psycopg.Connection, api: ApiServer
+) -> None:
+    runs = app.enqueue_many(
+        [NewRun("noop") for _ in range(5)]
+        + [NewRun("fail", {"until_attempt": 2}), NewRun("fail"), NewRun("slow")]
+        + [NewRun("retry_once", lane="manual"), NewRun("cancel_me")]
+    )
+    async with running_worker(app, "manual>*:4"):
+        # Cancelled while its handler runs: the worker's outcome then comes late.
+        sleeper = app.enqueue("async_sleep", {"seconds": 1.0})
+        await wait_until(lambda: app.get_run(sleeper.id).state is RunState.RUNNING)  # type: ignore[union-attr]
+        app.cancel(sleeper.id)
+
+        def finished() -> bool:
+            return all(app.get_run(run.id).state in FINISHED for run in runs)  # type: ignore[union-attr]
+
+        await wait_until(finished, 20)
+        samples = await scraped_attempts(
+            api,
+            {
+                ("noop", "default", "succeeded"): 5,
+                # until_attempt=2 fails once then succeeds; the other fails all three.
+                ("fail", "default", "failed"): 3,
+                ("fail", "default", "succeeded"): 1,
+                ("fail", "default", "discarded"): 1,
+                ("slow", "default", "discarded"): 1,
+                ("retry_once", "manual", "retry_requested"): 1,
+                ("retry_once", "manual", "succeeded"): 1,
+                ("cancel_me", "default", "cancelled"): 1,
+                ("async_sleep", "default", "late"): 1,
+            },
+        )
+    counts = series(samples, "tidegate_run_duration_seconds_count")
+    assert counts == {
+        (("task", "noop"),): 5,
+        (("task", "fail"),): 5,
+        (("task", "slow"),): 1,
+        (("task", "retry_once"),): 2,
+        (("task", "cancel_me"),): 1,
+        (("task", "async_sleep"),): 1,
+    }
+    buckets = series(samples, "tidegate_run_duration_seconds_bucket")
+    for (task,), count in counts.items():
+        assert buckets[(("le", "+Inf"), task)] == count
+    # slow's handler is cut off at its 0.2 s timeout: above 0.1 s, and in the sum.
+    assert buckets[(("le", "0.1"), ("task", "slow"))] == 0
+    assert buckets[(("le", "0.1"), ("task", "noop"))] == 5
+    sums = series(samples, "tidegate_run_duration_seconds_sum")
+    assert 0.2 <= sums[(("task", "slow"),)] < 5
+    # A clean stop folds the worker's rows into 'retired'.
+    assert sql.execute("SELECT DISTINCT worker_id FROM worker_counters").fetchall() == [
+        ("retired",)
+    ]
+    assert attempts(scrape(api)) == attempts(samples)
+
+
+async def test_attempts_add_up_across_workers_restarts_and_dead_workers(
+    app: Tidegate, sql: psycopg.Connection, api: ApiServer
+) -> None:
+    async with running_worker(app, "*:2"):
+        app.enqueue_many([NewRun("noop") for _ in range(3)])
+        await scraped_attempts(api, {("noop", "default", "succeeded"): 3})
+    # Two workers of two slots each, four runs that take a while: each runs two.
+    async with running_worker(app, "*:2"), running_worker(app, "*:2"):
+        app.enqueue_many([NewRun("async_sleep", {"seconds": 0.5}) for _ in range(4)])
+        await scraped_attempts(
+            api,
+            {("noop", "default", "succeeded"): 3, ("async_sleep", "default", "succeeded"): 4},
+        )
+        rows = sql.execute(
+            "SELECT worker_id, attempts FROM worker_counters WHERE task = 'async_sleep'"
+        ).fetchall()
+        assert sorted(attempts for _, attempts in rows) == [2, 2], rows
+        # A worker that died without a word left its rows: a live worker folds them.
+        sql.execute(
+            "INSERT INTO worker_counters VALUES"
+            " ('gone:1:abc', 'noop', 'default', 'succeeded', 7, 0.5, %s)",
+            [[7] + [0] * 13],
+        )
+        await wait_until(
+            lambda: (
+                not sql.execute(
+                    "SELECT FROM worker_counters WHERE worker_id = 'gone:1:abc'"
+                ).fetchall()
+            ),
+            10,
+        )
+        await scraped_attempts(
+            api,
+            {("noop", "default", "succeeded"): 10, ("async_sleep", "default", "succeeded"): 4},
+        )
+    samples = scrape(api)
+    assert attempts(samples) == {
+        ("noop", "default", "succeeded"): 10,
+        ("async_sleep", "default", "succeeded"): 4,
+    }
+    assert series(samples, "tidegate_run_duration_seconds_count") == {
+        (("task", "noop"),): 10,
+        (("task", "async_sleep"),): 4,
+    }
+    assert sql.execute("SELECT DISTINCT worker_id FROM worker_counters").fetchall() == [
+        ("retired",)
+    ]

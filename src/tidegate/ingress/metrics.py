@@ -5,8 +5,9 @@ API process reports the same ones and nothing resets when a process restarts or 
 counted twice across processes; the workers are seen through their rows, so they need
 no port of their own. Each statement's cost is bounded whatever the number of runs,
 lanes or projects: counts stop at ``COUNT_CAP`` (an estimate above it), and the series
-per lane and per project at ``metrics_max_lanes`` and ``metrics_max_projects``
-(docs/metrics.md says how each figure is computed, what it costs, how exact it is).
+per lane and per project at ``metrics_max_lanes`` and ``metrics_max_projects``, those of
+finished attempts at ``MAX_ATTEMPT_SERIES`` (docs/metrics.md says how each figure is
+computed, what it costs, how exact it is).
 
 The route needs the super admin's token (the ``Guard`` checks it): the figures name
 projects.
@@ -16,17 +17,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from tidegate.ingress.auth import BEARER
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress
 from tidegate.settings import Settings
 from tidegate.storage.sql import Statement, Steps
+from tidegate.worker.counters import DURATION_BUCKETS
 
 COUNT_CAP = 10_000
 """How many runs of a lane in a state a scrape counts; a depth past it is estimated."""
@@ -36,6 +44,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Prometheus' classic text format, which every version reads: the names and labels
 here are all plain ones, so ``generate_latest`` writes exactly that."""
 ACTIVE_STATES = ("scheduled", "available", "pending", "running")
+MAX_ATTEMPT_SERIES = 1000
+"""How many (task, lane, outcome) series of finished attempts a scrape reports, at most."""
 
 router = APIRouter(tags=["metrics"], dependencies=[Security(BEARER)], responses=AUTH_RESPONSES)
 
@@ -64,6 +74,20 @@ class ProjectFigures:
 
 
 @dataclass(frozen=True)
+class Attempts:
+    """The attempts finished in one (task, lane, outcome) series, all workers together."""
+
+    task: str
+    lane: str
+    outcome: str
+    attempts: int
+    seconds: float
+    """The attempts' handler time in all."""
+    buckets: list[int]
+    """The attempts by handler time, per bucket of ``DURATION_BUCKETS`` and one above."""
+
+
+@dataclass(frozen=True)
 class Figures:
     """What one scrape read from the database."""
 
@@ -72,10 +96,11 @@ class Figures:
     heartbeat_age_seconds: float
     workloops: list[Workloop]
     projects: list[ProjectFigures]
+    attempts: list[Attempts]
 
 
 def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: three statements, each bounded (see module doc)."""
+    """Read every figure of a scrape: four statements, each bounded (see module doc)."""
     lanes = yield Statement(
         "read_lanes",
         {
@@ -93,6 +118,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
             "default_cap": settings.fast_lane_cap,
         },
     )
+    attempts = yield Statement("read_counters", {"max_series": MAX_ATTEMPT_SERIES})
     return Figures(
         lanes=[
             LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag)
@@ -102,6 +128,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
         heartbeat_age_seconds=workers[0][1],
         workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],
         projects=[ProjectFigures(*row) for row in projects],
+        attempts=[Attempts(*row) for row in attempts],
     )
 
 
@@ -169,6 +196,36 @@ class FiguresCollector(Collector):
             cap.add_metric([project.project], project.fast_lane_cap)
         yield in_flight
         yield cap
+        yield from _attempt_families(figures.attempts)
+
+
+def _attempt_families(series: list[Attempts]) -> Iterable[Metric]:
+    """The finished attempts by (task, lane, outcome), and their handler times by task."""
+    attempts = CounterMetricFamily(
+        "tidegate_attempts",
+        "Attempts finished, by task, lane and outcome (up to one heartbeat behind).",
+        labels=["task", "lane", "outcome"],
+    )
+    by_task: dict[str, tuple[float, list[int]]] = {}
+    for one in series:
+        attempts.add_metric([one.task, one.lane, one.outcome], one.attempts)
+        seconds, buckets = by_task.get(one.task, (0.0, [0] * len(one.buckets)))
+        by_task[one.task] = (
+            seconds + one.seconds,
+            [a + b for a, b in zip(buckets, one.buckets, strict=True)],
+        )
+    yield attempts
+    durations = HistogramMetricFamily(
+        "tidegate_run_duration_seconds",
+        "Handler time of the attempts finished, by task (up to one heartbeat behind).",
+        labels=["task"],
+    )
+    bounds = [str(bound) for bound in DURATION_BUCKETS] + ["+Inf"]
+    for task, (seconds, buckets) in by_task.items():
+        durations.add_metric(
+            [task], list(zip(bounds, accumulate(buckets), strict=True)), sum_value=seconds
+        )
+    yield durations
 
 
 def exposition(figures: Figures) -> bytes:
