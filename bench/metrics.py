@@ -9,13 +9,14 @@
 Fills a schema of its own (``bench_metrics_<hex>``, dropped after) with ``--runs`` runs:
 88% succeeded, 10% available over four lanes (a hot ``default`` and three smaller ones),
 1.5% scheduled, 0.5% pending, a few running; 1,000 projects with fast-lane runs in
-flight; 20 live workers. Then it times the scrape's statements (``read_figures``, as the
-API runs them, on one connection, prepared after the first few) twice: right after the
-fill and an ANALYZE, when the visibility map is still empty and an index-only count
-reads the heap, and after a VACUUM. Each figure is the median and the slowest of
-``--repeat`` scrapes, in milliseconds of wall time seen by the client on the same
-machine: the database's time plus a local round trip per statement. Beside them,
-for comparison: counting every available run, which a scrape never does.
+flight; 20 live workers, each with counters of finished attempts in 240 series (20
+tasks, 2 lanes, 6 outcomes), and as many retired. Then it times the scrape's statements
+(``read_figures``, as the API runs them, on one connection, prepared after the first
+few) twice: right after the fill and an ANALYZE, when the visibility map is still empty
+and an index-only count reads the heap, and after a VACUUM. Each figure is the median
+and the slowest of ``--repeat`` scrapes, in milliseconds of wall time seen by the client
+on the same machine: the database's time plus a local round trip per statement. Beside
+them, for comparison: counting every available run, which a scrape never does.
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def fill(conn: psycopg.Connection, runs: int) -> None:
         "INSERT INTO workers (id, host, pid, workloops)"
         " SELECT 'w' || i, 'bench', i, %s::jsonb FROM generate_series(1, 20) AS i",
         [loops],
+    )
+    conn.execute(
+        "INSERT INTO worker_counters"
+        " SELECT w, 'bench.task' || t, l, o, 100, 12.5, array_fill(10::bigint, ARRAY[14])"
+        " FROM (SELECT 'retired' UNION ALL SELECT 'w' || i FROM generate_series(1, 20) AS i)"
+        " AS w(w), generate_series(1, 20) AS t, unnest(ARRAY['default', 'manual']) AS l,"
+        " unnest(ARRAY['succeeded', 'failed', 'retry_requested', 'discarded', 'cancelled',"
+        " 'late']) AS o"
     )
 
 
