@@ -27,6 +27,7 @@ from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
+from tidegate.ingress.guard import CLOSE
 from tidegate.ingress.server import Ingress, problem, problem_responses
 from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
@@ -43,7 +44,6 @@ NO_WORKER_RETRY_SECONDS = 5
 """Retry-After when no worker can take a sync run: about how long a worker takes to start."""
 MAX_TOKEN_CHARS = 128
 """Longer than any trigger token: not looked up."""
-CLOSE = {"Connection": "close"}
 KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
 REPLY_KEY = "$reply"
 """A handler's result shaped ``{"$reply": {"status", "headers", "body"}}`` is its HTTP reply."""

@@ -2,10 +2,10 @@
 
 A worker counts each attempt it finishes in memory, by (task, lane, outcome), with the
 handler's time in a histogram. Its heartbeat adds what it counted since the last one to
-its rows of ``worker_counters`` (``beat_worker``); at a clean stop the rest goes with
-its rows into those of ``retired`` (``retire_counters``), and the rows of a worker that
-died are folded there by the others (``fold_counters``). The scrape sums the rows. A
-worker that dies loses what it counted since its last heartbeat.
+its rows of ``worker_counters`` (``beat_worker``). The rows of a worker that is gone are
+folded into those of ``retired`` (``fold_counters``): at a clean stop by the worker
+itself, after a last beat and the removal of its row; when it died, by the others. The
+scrape sums the rows. A worker that dies loses what it counted since its last heartbeat.
 
 Outcomes: ``succeeded``; ``failed``, a failed attempt that will be retried;
 ``retry_requested``, a handler that raised ``Retry``; ``discarded``, a failed last
@@ -81,7 +81,7 @@ class Counters:
 
 
 def as_json(taken: dict[Series, Tally]) -> str:
-    """Return counts as the JSON rows ``beat_worker`` and ``retire_counters`` add."""
+    """Return counts as the JSON rows ``beat_worker`` adds."""
     return json.dumps(
         [
             {

@@ -290,9 +290,7 @@ class Worker:
             Periodic(
                 "folder",
                 self.settings.rescue_seconds,
-                self._batch(
-                    "fold_counters", {"live_seconds": self.live_seconds, "limit": BATCH_LIMIT}
-                ),
+                self._fold,
             ),
         ]
 
@@ -418,12 +416,11 @@ class Worker:
                         "channel": self.app.available_channel,
                     },
                 )
-            await fetch(
-                self.pool,
-                "retire_counters",
-                {"worker_id": self.id, "counters": as_json(self.counters.take())},
-            )
+            # A last beat writes what was counted since the previous one; once the row
+            # is gone, the fold moves the counters into those of 'retired'.
+            await self.beat()
             await fetch(self.pool, "delete_worker", {"worker_id": self.id})
+            await self._fold()
         except psycopg.Error as error:
             log.warning(
                 "worker %s: database gone at shutdown, leases will expire, the attempts "
@@ -472,6 +469,12 @@ class Worker:
             self.counters.restore(counted)
             raise
         return False
+
+    async def _fold(self) -> bool:
+        """Fold the counters of workers no longer live into those of 'retired'."""
+        params = {"live_seconds": self.live_seconds, "limit": BATCH_LIMIT}
+        rows = await fetch(self.pool, "fold_counters", params)
+        return bool(rows[0][0] >= BATCH_LIMIT)
 
     async def park(self, params: dict[str, Any]) -> bool:
         """Set pending the runs at the head of this worker's lanes that no live worker

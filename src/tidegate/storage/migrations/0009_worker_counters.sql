@@ -3,7 +3,7 @@
 -- A worker counts in memory and adds what it counted since its last heartbeat to its
 -- own rows, in the heartbeat's statement: a completion writes nothing, and no two
 -- workers write the same row. The rows of a worker that stopped or died are folded
--- into those of worker_id 'retired' (queries/retire_counters.sql, fold_counters.sql),
+-- into those of worker_id 'retired' (queries/fold_counters.sql),
 -- so the table holds a few rows per live worker and the sums never go back.
 CREATE TABLE worker_counters (
     worker_id text   NOT NULL,
