@@ -150,7 +150,9 @@ class Workloop(Service):
         async with self.worker.pool.connection() as conn:
             cursor = conn.cursor(row_factory=run_row)
             await cursor.execute(query("claim_runs"), {**self.claim_params, "demand": demand})
-            return await cursor.fetchall()
+            claimed = await cursor.fetchall()
+        self.worker.counters.claimed(claimed)
+        return claimed
 
     def launch(self, run: Run) -> None:
         task = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
@@ -269,8 +271,8 @@ class Worker:
             Periodic(
                 "rescuer",
                 self.settings.rescue_seconds,
-                self._batch(
-                    "rescue_runs",
+                functools.partial(
+                    self.rescue,
                     {**channel, "limit": BATCH_LIMIT, "completed_channel": app.completed_channel},
                 ),
             ),
@@ -469,6 +471,12 @@ class Worker:
             self.counters.restore(counted)
             raise
         return False
+
+    async def rescue(self, params: dict[str, Any]) -> bool:
+        """Take back the runs whose lease lapsed; count them; a full batch goes again."""
+        rows = await fetch(self.pool, "rescue_runs", params)
+        self.counters.rescued(rows)
+        return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
 
     async def _fold(self) -> bool:
         """Fold the counters of workers no longer live into those of 'retired'."""
