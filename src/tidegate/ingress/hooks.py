@@ -38,6 +38,7 @@ from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text, parse_json
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
+from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
 
 router = APIRouter(tags=["webhooks"])
 log = logging.getLogger("tidegate.ingress")
@@ -119,12 +120,13 @@ async def receive(token: str, request: Request) -> Response:
     ingress: Ingress = request.app.state.ingress
     started = time.monotonic()
     note = Note(received_at=datetime.now(UTC))
-    try:
-        response = await _receive(ingress, token, request, note)
-    except psycopg.Error as error:
-        response = database_problem(error, request.method, request.url.path)
-        note.outcome = "unavailable" if response.status_code == 503 else None
-    _record(ingress, note, response, time.monotonic() - started)
+    with span("admit") as admitting:
+        try:
+            response = await _receive(ingress, token, request, note)
+        except psycopg.Error as error:
+            response = database_problem(error, request.method, request.url.path)
+            note.outcome = "unavailable" if response.status_code == 503 else None
+        _record(ingress, note, response, time.monotonic() - started, admitting)
     return response
 
 
@@ -144,13 +146,20 @@ class Note:
     run_id: int | None = None
 
 
-def _record(ingress: Ingress, note: Note, response: Response, seconds: float) -> None:
+def _record(
+    ingress: Ingress, note: Note, response: Response, seconds: float, admitting: Span
+) -> None:
     """Count the answer; keep a request to a known trigger that made no run for the log."""
     status = response.status_code
     outcome = note.outcome or OUTCOMES.get(status, f"status_{status}")
     trigger = note.trigger
     project, mode = (trigger.project, trigger.mode) if trigger else ("", "")
     ingress.ledger.count(project, mode, outcome, status, seconds)
+    admitting.note(project=project, mode=mode, outcome=outcome, **{STATUS_ATTRIBUTE: status})
+    if trigger is not None:
+        admitting.note(trigger=trigger.name)
+    if note.run_id is not None:
+        admitting.note(run_id=note.run_id)
     if trigger is None or outcome == "admitted":
         return
     body = note.body or b""
