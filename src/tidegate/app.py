@@ -195,7 +195,7 @@ class Tidegate:
         """Enqueue runs in one statement; return them in input order."""
         rows = [self._row(n) for n in runs]
         with _enqueue_span(rows):
-            return self.execute(self._enqueue_steps(rows))
+            return self.execute(self._insert_steps(rows))
 
     async def aenqueue(
         self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
@@ -207,9 +207,14 @@ class Tidegate:
         """Async form of ``enqueue_many``."""
         rows = [self._row(n) for n in runs]
         with _enqueue_span(rows):
-            return await self.aexecute(self._enqueue_steps(rows))
+            return await self.aexecute(self._insert_steps(rows))
 
-    def _enqueue_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
+    def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
+        """The steps of ``enqueue_many``, for a caller that runs them on a connection of
+        its own (the API process, on its pool: the dashboard's Replay)."""
+        return self._insert_steps([self._row(n) for n in new])
+
+    def _insert_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
         if not rows:
             return []
         yield from self._warn_of_tasks_without_worker(rows)
@@ -254,7 +259,7 @@ class Tidegate:
         if any(run is None for run in results):
             # The original was pruned between the insert and the read: insert again.
             missing = [row for row, run in zip(rows, results, strict=True) if run is None]
-            again = iter((yield from self._enqueue_steps(missing)))
+            again = iter((yield from self._insert_steps(missing)))
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 

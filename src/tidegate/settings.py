@@ -54,6 +54,7 @@ DEFAULT_METRICS_MAX_LANES = 100
 DEFAULT_METRICS_MAX_PROJECTS = 100
 DEFAULT_WEBHOOK_LOG_SIZE = 1000
 DEFAULT_WEBHOOK_LOG_BODY_BYTES = 64 * 1024
+DEFAULT_UI_SESSION_SECONDS = 12 * 3600.0
 LOG_FORMATS = ("text", "json")
 
 MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
@@ -137,6 +138,8 @@ class Settings:
     ones are kept with their runs, for ``retention_seconds``."""
     webhook_log_body_bytes: int = DEFAULT_WEBHOOK_LOG_BODY_BYTES
     """How much of a refused request's body the webhook log keeps."""
+    ui_session_seconds: float = DEFAULT_UI_SESSION_SECONDS
+    """How long a dashboard session lasts after signing in (``/ui``); then sign in again."""
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
