@@ -132,6 +132,23 @@ async def test_a_wrong_token_gets_401_and_the_form(client: httpx.AsyncClient) ->
         assert "set-cookie" not in response.headers
 
 
+async def test_a_post_from_another_origin_is_403_before_anything_happens(
+    client: httpx.AsyncClient, sign_in: Any, sql: psycopg.Connection
+) -> None:
+    other = {"Origin": "https://elsewhere.example"}
+    response = await client.post("/ui/login", data={"token": ADMIN_TOKEN}, headers=other)
+    assert response.status_code == 403 and "set-cookie" not in response.headers
+    assert sql.execute("SELECT count(*) FROM ui_sessions").fetchone() == (0,)
+    # The same form from the dashboard's own page (Origin = Host) signs in.
+    own = {"Origin": str(client.base_url).rstrip("/")}
+    response = await client.post("/ui/login", data={"token": ADMIN_TOKEN}, headers=own)
+    assert response.status_code == 303
+    session = await sign_in(ADMIN_TOKEN)
+    out = await session.client.post("/ui/logout", data={"csrf_token": session.csrf}, headers=other)
+    assert out.status_code == 403
+    assert (await session.client.get("/ui/")).status_code == 200
+
+
 async def test_without_a_session_pages_go_to_sign_in_and_the_rest_gets_401(
     api: ApiServer, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
 ) -> None:

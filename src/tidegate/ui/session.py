@@ -11,6 +11,8 @@
   by a browser is sent to ``/ui/login`` (303); a fragment (``HX-Request``) or the JSON
   API gets 401. With a session, the request carries ``request.state.caller``
   (``Caller``: project None for the super admin) and ``request.state.ui_session``.
+- A POST whose ``Origin`` is not this server's ``Host`` is refused (403), the sign-in
+  included.
 - Every POST but the sign-in carries the session's CSRF token, as the form field
   ``csrf_token`` or the header ``X-CSRF-Token`` (htmx); ``check_csrf`` compares it in
   constant time and answers 403 when it is missing or wrong. SameSite=Strict already
@@ -25,7 +27,7 @@ import secrets
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 from typing import TYPE_CHECKING
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, urlsplit
 
 from fastapi import HTTPException, Request
 from starlette.responses import RedirectResponse, Response
@@ -63,6 +65,8 @@ def is_dashboard(path: str) -> bool:
 async def admit(ingress: Ingress, scope: Scope, headers: dict[str, bytes]) -> Response | None:
     """Put the request's session on its state, or return the answer that refuses it."""
     path: str = scope["path"]
+    if scope["method"] == "POST" and not same_origin(headers):
+        return problem(403, "a cross-site request to the dashboard")
     if path.startswith(PUBLIC):
         return None
     session_id = cookie_value(headers.get("cookie", b""))
@@ -76,6 +80,18 @@ async def admit(ingress: Ingress, scope: Scope, headers: dict[str, bytes]) -> Re
     state["caller"] = found.caller
     state["ui_session"] = found
     return None
+
+
+def same_origin(headers: dict[str, bytes]) -> bool:
+    """Whether a browser's ``Origin`` (when it sends one) is this server's own ``Host``.
+
+    Checked on every POST, the sign-in included, which has no session and so no CSRF
+    token yet: another site cannot sign a visitor in with a token of its choosing.
+    """
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin.decode("latin-1")).netloc == headers.get("host", b"").decode("latin-1")
 
 
 def cookie_value(header: bytes) -> str | None:
