@@ -352,3 +352,59 @@ async def test_waits_from_due_to_claimed_and_rescued_attempts_are_counted(
     assert series(samples, "tidegate_claim_wait_seconds_sum")[(("lane", "default"),)] >= 1.2
     # The rescued attempt had no handler time: it is no part of the durations.
     assert series(samples, "tidegate_run_duration_seconds_count") == {(("task", "noop"),): 5}
+
+
+async def test_the_busiest_keys_show_their_runs_and_what_holds_them(
+    app: Tidegate, sql: psycopg.Connection, start_api: Callable[..., ApiServer]
+) -> None:
+    api = start_api(metrics_max_keys=3)
+    app.set_key_policy("default", "hot", max_running=2)
+    for n in range(20):  # keys with a policy and nothing to do: not among the busiest
+        app.set_key_policy("default", f"idle{n:02}", max_running=5)
+    app.enqueue_many(
+        [NewRun("async_sleep", {"seconds": 2}, key="hot") for _ in range(10)]
+        + [NewRun("async_sleep", {"seconds": 2}, key="cold")]
+    )
+
+    def keys() -> dict[tuple[str, ...], float]:
+        samples = scrape(api)
+        return {
+            (name.removeprefix("tidegate_key_"), *(value for _, value in labels)): count
+            for name in (
+                "tidegate_key_in_flight",
+                "tidegate_key_waiting",
+                "tidegate_key_max_running",
+                "tidegate_key_held",
+            )
+            for labels, count in series(samples, name).items()
+        }
+
+    async with running_worker(app, "*:4"):
+        figures: dict[tuple[str, ...], float] = {}
+
+        def claimed() -> bool:
+            figures.clear()
+            figures.update(keys())
+            return figures.get(("in_flight", "hot", "default")) == 2 and (
+                figures.get(("in_flight", "cold", "default")) == 1
+            )
+
+        await wait_until(claimed, 10)
+    assert figures == {
+        ("in_flight", "hot", "default"): 2,
+        ("in_flight", "cold", "default"): 1,
+        ("waiting", "hot", "default"): 8,
+        ("waiting", "cold", "default"): 0,
+        ("max_running", "hot", "default"): 2,
+        # The cap holds hot back; nothing holds cold, which has no policy of its own.
+        ("held", "cap", "hot", "default"): 1,
+        ("held", "rate", "hot", "default"): 0,
+        ("held", "cap", "cold", "default"): 0,
+        ("held", "rate", "cold", "default"): 0,
+        # The third place: the first of the keys with a policy, by name.
+        ("in_flight", "idle00", "default"): 0,
+        ("waiting", "idle00", "default"): 0,
+        ("max_running", "idle00", "default"): 5,
+        ("held", "cap", "idle00", "default"): 0,
+        ("held", "rate", "idle00", "default"): 0,
+    }

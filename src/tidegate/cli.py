@@ -356,6 +356,21 @@ def demo(ctx: click.Context, /, count: int) -> None:
     help="The most projects GET /metrics reports (the busiest).",
 )
 @_option(
+    "--metrics-max-keys",
+    type=click.IntRange(0, 10_000),
+    help="The most keys GET /metrics reports (the busiest; 0: none).",
+)
+@_option(
+    "--webhook-log-size",
+    type=click.IntRange(0, 1_000_000),
+    help="The most refused requests the webhook log keeps per trigger.",
+)
+@_option(
+    "--webhook-log-body-bytes",
+    type=click.IntRange(0, 104_857_600),
+    help="How much of a refused request's body the webhook log keeps.",
+)
+@_option(
     "--ui-session-seconds",
     type=click.FloatRange(min=0, min_open=True),
     help="How long a dashboard (/ui) session lasts after signing in.",

@@ -52,6 +52,7 @@ DEFAULT_BODY_TIMEOUT_SECONDS = 60.0
 DEFAULT_LOG_FORMAT = "text"
 DEFAULT_METRICS_MAX_LANES = 100
 DEFAULT_METRICS_MAX_PROJECTS = 100
+DEFAULT_METRICS_MAX_KEYS = 100
 DEFAULT_WEBHOOK_LOG_SIZE = 1000
 DEFAULT_WEBHOOK_LOG_BODY_BYTES = 64 * 1024
 DEFAULT_UI_SESSION_SECONDS = 12 * 3600.0
@@ -73,6 +74,7 @@ COUNT_BOUNDS = {
     "port": (0, 65535),
     "metrics_max_lanes": (3, 10_000),
     "metrics_max_projects": (0, 10_000),
+    "metrics_max_keys": (0, 10_000),
     "webhook_log_size": (0, 1_000_000),
     "webhook_log_body_bytes": (0, 104_857_600),
 }
@@ -133,6 +135,8 @@ class Settings:
     """The most lanes ``/metrics`` reports (in name order): a lane is a label value."""
     metrics_max_projects: int = DEFAULT_METRICS_MAX_PROJECTS
     """The most projects ``/metrics`` reports (the busiest): a project is a label value."""
+    metrics_max_keys: int = DEFAULT_METRICS_MAX_KEYS
+    """The most keys ``/metrics`` reports (the busiest; 0: none): a key is a label value."""
     webhook_log_size: int = DEFAULT_WEBHOOK_LOG_SIZE
     """The most refused (or replayed) requests the webhook log keeps per trigger; admitted
     ones are kept with their runs, for ``retention_seconds``."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import Any
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import Response
@@ -29,6 +30,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from psycopg.rows import dict_row
 
 from tidegate.ingress.auth import BEARER
 from tidegate.ingress.ledger import ANSWER_BUCKETS
@@ -41,6 +43,11 @@ COUNT_CAP = 10_000
 """How many runs of a lane in a state a scrape counts; a depth past it is estimated."""
 COUNT_BUDGET = 50_000
 """How many runs a scrape counts in all; depths past it are estimated."""
+KEY_SCAN = 10_000
+"""Ready runs read, in claim order, to find the keys next in line (read_keys.sql)."""
+WAITING_CAP = 1000
+"""A key's waiting runs are counted up to this: at most ``metrics_max_keys`` keys are
+counted, so the default 100 read at most 100,000 index entries for them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Prometheus' classic text format, which every version reads: the names and labels
 here are all plain ones, so ``generate_latest`` writes exactly that."""
@@ -101,6 +108,23 @@ class Answers:
 
 
 @dataclass(frozen=True)
+class KeyFigures:
+    """One of the busiest keys of a lane (read_keys.sql)."""
+
+    lane: str
+    key: str
+    max_running: int | None
+    weight: float
+    rate: float | None
+    rate_burst: int
+    in_flight: int
+    waiting: int
+    """Counted up to ``WAITING_CAP``."""
+    held_by: str
+    """``cap``, ``rate`` or ''."""
+
+
+@dataclass(frozen=True)
 class Figures:
     """What one scrape read from the database."""
 
@@ -113,6 +137,7 @@ class Figures:
     webhooks: list[Answers]
     answer_times: dict[tuple[str, ...], Tally]
     """The time to answer by (mode, outcome), every project together."""
+    keys: list[KeyFigures]
 
 
 def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
@@ -131,8 +156,26 @@ def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
     ]
 
 
+def read_keys(project: str | None, limit: int) -> Steps[list[dict[str, Any]]]:
+    """The busiest ``limit`` keys: policy, runs in flight and waiting, what holds them
+    (read_keys.sql; ``project`` None reads every project's runs). The dashboard's keys
+    page reads them too."""
+    return (
+        yield Statement(
+            "read_keys",
+            {
+                "project": project,
+                "limit": limit,
+                "scan_limit": KEY_SCAN,
+                "waiting_cap": WAITING_CAP,
+            },
+            dict_row,
+        )
+    )
+
+
 def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: four statements, each bounded (see module doc)."""
+    """Read every figure of a scrape: seven statements, each bounded (see module doc)."""
     lanes = yield from read_lanes(settings)
     workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
     projects = yield Statement(
@@ -147,6 +190,9 @@ def read_figures(settings: Settings) -> Steps[Figures]:
     webhooks = yield Statement(
         "read_ingress_counters", {"max_projects": settings.metrics_max_projects}
     )
+    keys = (
+        (yield from read_keys(None, settings.metrics_max_keys)) if settings.metrics_max_keys else []
+    )
     return Figures(
         lanes=lanes,
         workers_live=workers[0][0],
@@ -160,6 +206,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
             for kind, _, mode, outcome, _, requests, seconds, buckets in webhooks
             if kind == "time"
         },
+        keys=[KeyFigures(**row) for row in keys if row["key"] != "*"],
     )
 
 
@@ -228,6 +275,7 @@ class FiguresCollector(Collector):
         yield in_flight
         yield cap
         yield from _attempt_families(figures.attempts)
+        yield from _key_families(figures.keys)
         webhooks = CounterMetricFamily(
             "tidegate_webhooks",
             "Webhooks answered, by project, trigger mode, outcome and HTTP status (the "
@@ -247,6 +295,40 @@ class FiguresCollector(Collector):
             ["mode", "outcome"],
             figures.answer_times,
         )
+
+
+def _key_families(keys: list[KeyFigures]) -> Iterable[Metric]:
+    """The busiest keys' runs in flight and waiting, their cap, and what holds them."""
+    labels = ["lane", "key"]
+    in_flight = GaugeMetricFamily(
+        "tidegate_key_in_flight",
+        "A key's runs in flight in the lane (the busiest keys).",
+        labels=labels,
+    )
+    waiting = GaugeMetricFamily(
+        "tidegate_key_waiting",
+        f"A key's available runs in the lane, counted up to {WAITING_CAP} (the busiest keys).",
+        labels=labels,
+    )
+    cap = GaugeMetricFamily(
+        "tidegate_key_max_running",
+        "A key's max_running in the lane, its own or the lane's default (keys that have one).",
+        labels=labels,
+    )
+    held = GaugeMetricFamily(
+        "tidegate_key_held",
+        "1 when a key's runs wait for its limit (by: cap, rate), else 0 (the busiest keys).",
+        labels=[*labels, "by"],
+    )
+    for key in keys:
+        names = [key.lane, key.key]
+        in_flight.add_metric(names, key.in_flight)
+        waiting.add_metric(names, key.waiting)
+        if key.max_running is not None:
+            cap.add_metric(names, key.max_running)
+        for limit in ("cap", "rate"):
+            held.add_metric([*names, limit], int(key.held_by == limit))
+    yield from (in_flight, waiting, cap, held)
 
 
 def _attempt_families(series: list[Attempts]) -> Iterable[Metric]:

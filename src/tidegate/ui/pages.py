@@ -14,7 +14,14 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from psycopg.rows import dict_row
 
-from tidegate.ingress.metrics import ACTIVE_STATES, COUNT_CAP, read_lanes
+from tidegate.ingress.metrics import (
+    ACTIVE_STATES,
+    COUNT_CAP,
+    KEY_SCAN,
+    WAITING_CAP,
+    read_keys,
+    read_lanes,
+)
 from tidegate.ingress.server import Ingress
 from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
 from tidegate.storage.sql import Statement, Steps
@@ -42,11 +49,6 @@ MAX_PROJECTS = 100
 """Rows of the projects page: the busiest, like /metrics' ``metrics_max_projects``."""
 MAX_KEYS = 100
 """Rows of the keys page."""
-KEY_SCAN = 10_000
-"""Ready runs read, in claim order, to find the keys next in line (read_keys.sql)."""
-WAITING_CAP = 1000
-"""A key's waiting runs are counted up to this (shown ``1000+``): at most 100 keys are
-counted, so a page reads at most 100,000 index entries for them."""
 MAX_WORKERS = 1000
 MAX_TOKEN_CHARS = 200
 """Longer than any token tidegate makes: not looked up."""
@@ -211,17 +213,7 @@ async def project(project_id: ProjectIdPath, request: Request, session: Current)
 
 @router.get("/keys")
 async def keys(request: Request, session: Current) -> HTMLResponse:
-    found = await _ingress(request).run(
-        rows(
-            "read_keys",
-            {
-                "project": session.caller.project,
-                "limit": MAX_KEYS,
-                "scan_limit": KEY_SCAN,
-                "waiting_cap": WAITING_CAP,
-            },
-        )
-    )
+    found = await _ingress(request).run(read_keys(session.caller.project, MAX_KEYS))
     return render(
         request,
         "keys.html",
