@@ -12,7 +12,13 @@ import psycopg
 
 from tests.test_claim_plan import explained, plan_nodes, rows_read
 from tidegate import Tidegate
-from tidegate.ingress.metrics import COUNT_BUDGET, COUNT_CAP, read_figures
+from tidegate.ingress.metrics import (
+    COUNT_BUDGET,
+    COUNT_CAP,
+    KEY_SCAN,
+    WAITING_CAP,
+    read_figures,
+)
 from tidegate.storage.sql import drive
 
 
@@ -65,9 +71,13 @@ def test_a_scrape_reads_indexes_and_a_bounded_number_of_runs(
         if node.get("Relation Name") == "runs"
     }
     assert scans and not any(kind == "Seq Scan" for kind, _ in scans), scans
-    assert {"runs_waiting", "runs_running", "runs_fast_lane_inflight"} <= {i for _, i in scans}
-    # Counted: at most the cap per lane and state, the budget in all; the probes besides.
-    assert rows_read(plans) <= COUNT_BUDGET + 1000, rows_read(plans)
+    assert {"runs_waiting", "runs_running", "runs_fast_lane_inflight", "runs_claim_any"} <= {
+        i for _, i in scans
+    }
+    # Counted: at most the cap per lane and state, the budget in all; the keys' scan and
+    # their waiting runs; the probes besides.
+    keys = KEY_SCAN + settings.metrics_max_keys * WAITING_CAP
+    assert rows_read(plans) <= COUNT_BUDGET + keys + 1000, rows_read(plans)
     # The lane past the cap gets an estimate, at least the cap; the others exact figures.
     default = next(lane for lane in figures.lanes if lane.lane == "default")
     assert COUNT_CAP <= default.depth["available"] < 2 * (COUNT_CAP + 2000)

@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import Response
@@ -30,7 +29,6 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
-from psycopg.rows import dict_row
 
 from tidegate.ingress.auth import BEARER
 from tidegate.ingress.ledger import ANSWER_BUCKETS
@@ -117,9 +115,10 @@ class KeyFigures:
     weight: float
     rate: float | None
     rate_burst: int
-    in_flight: int
-    waiting: int
-    """Counted up to ``WAITING_CAP``."""
+    in_flight: int | None
+    """None for a lane's default (key ``*``)."""
+    waiting: int | None
+    """Counted up to ``WAITING_CAP``; None for a lane's default."""
     held_by: str
     """``cap``, ``rate`` or ''."""
 
@@ -156,26 +155,19 @@ def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
     ]
 
 
-def read_keys(project: str | None, limit: int) -> Steps[list[dict[str, Any]]]:
+def read_keys(project: str | None, limit: int) -> Steps[list[KeyFigures]]:
     """The busiest ``limit`` keys: policy, runs in flight and waiting, what holds them
     (read_keys.sql; ``project`` None reads every project's runs). The dashboard's keys
     page reads them too."""
-    return (
-        yield Statement(
-            "read_keys",
-            {
-                "project": project,
-                "limit": limit,
-                "scan_limit": KEY_SCAN,
-                "waiting_cap": WAITING_CAP,
-            },
-            dict_row,
-        )
+    rows = yield Statement(
+        "read_keys",
+        {"project": project, "limit": limit, "scan_limit": KEY_SCAN, "waiting_cap": WAITING_CAP},
     )
+    return [KeyFigures(*row) for row in rows]
 
 
 def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: seven statements, each bounded (see module doc)."""
+    """Read every figure of a scrape: six statements, each bounded (see module doc)."""
     lanes = yield from read_lanes(settings)
     workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
     projects = yield Statement(
@@ -206,7 +198,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
             for kind, _, mode, outcome, _, requests, seconds, buckets in webhooks
             if kind == "time"
         },
-        keys=[KeyFigures(**row) for row in keys if row["key"] != "*"],
+        keys=[key for key in keys if key.key != "*"],
     )
 
 
@@ -322,8 +314,8 @@ def _key_families(keys: list[KeyFigures]) -> Iterable[Metric]:
     )
     for key in keys:
         names = [key.lane, key.key]
-        in_flight.add_metric(names, key.in_flight)
-        waiting.add_metric(names, key.waiting)
+        in_flight.add_metric(names, key.in_flight or 0)
+        waiting.add_metric(names, key.waiting or 0)
         if key.max_running is not None:
             cap.add_metric(names, key.max_running)
         for limit in ("cap", "rate"):
