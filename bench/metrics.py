@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as ``python bench/metrics.py``
@@ -98,6 +100,27 @@ def fill(conn: psycopg.Connection, runs: int) -> None:
     )
 
 
+@contextmanager
+def filled_schema(
+    database_url: str | None, prefix: str, runs: int
+) -> Iterator[tuple[Settings, psycopg.Connection]]:
+    """A schema of its own (``<prefix>_<hex>``) filled with ``runs`` runs (``fill``), and
+    an autocommit connection to it; the schema is dropped after."""
+    settings = Settings(database_url=database_url, schema=f"{prefix}_{uuid.uuid4().hex[:8]}")
+    app = Tidegate(settings=settings)
+    app.migrate()
+    try:
+        with app.database.connect() as conn:
+            conn.autocommit = True
+            print(f"{settings.schema}: filling {runs:,} runs ...", flush=True)
+            fill(conn, runs)
+            yield settings, conn
+    finally:
+        with app.database.connect() as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(settings.schema)))
+        app.close()
+
+
 def timed_scrape(conn: psycopg.Connection, settings: Settings) -> dict[str, float]:
     """Run one scrape's statements as the API does; return each one's time in ms."""
     steps = read_figures(settings)
@@ -149,39 +172,27 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=50)
     options = parser.parse_args()
-    schema = f"bench_metrics_{uuid.uuid4().hex[:8]}"
-    settings = Settings(database_url=options.database_url, schema=schema)
-    app = Tidegate(settings=settings)
-    app.migrate()
-    try:
-        with app.database.connect() as conn:
-            conn.autocommit = True
-            print(f"{schema}: filling {options.runs:,} runs ...", flush=True)
-            fill(conn, options.runs)
-            conn.execute("ANALYZE runs")
-            start = time.perf_counter()
-            figures = drive(conn, read_figures(settings))
-            first = (time.perf_counter() - start) * 1000
-            print(f"first scrape (plans made, hint bits set): {first:.2f} ms")
-            for lane in figures.lanes:
-                print(f"  {lane.lane:<10} {lane.depth}  lag {lane.lag_seconds:.0f} s")
-            exact = dict(
-                conn.execute(
-                    "SELECT lane || '/' || state, count(*) FROM runs"
-                    " WHERE state NOT IN ('succeeded') GROUP BY 1"
-                ).fetchall()
-            )
-            print(f"  exact: {exact}")
-            for title in ("after ANALYZE (visibility map empty)", "after VACUUM"):
-                if title == "after VACUUM":
-                    conn.execute("VACUUM ANALYZE runs")
-                times = scrape_times(conn, settings, options.repeat)
-                times["count every available run"] = full_count_times(conn, 10)
-                report(f"{title}:", times)
-    finally:
-        with app.database.connect() as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-        app.close()
+    with filled_schema(options.database_url, "bench_metrics", options.runs) as (settings, conn):
+        conn.execute("ANALYZE runs")
+        start = time.perf_counter()
+        figures = drive(conn, read_figures(settings))
+        first = (time.perf_counter() - start) * 1000
+        print(f"first scrape (plans made, hint bits set): {first:.2f} ms")
+        for lane in figures.lanes:
+            print(f"  {lane.lane:<10} {lane.depth}  lag {lane.lag_seconds:.0f} s")
+        exact = dict(
+            conn.execute(
+                "SELECT lane || '/' || state, count(*) FROM runs"
+                " WHERE state NOT IN ('succeeded') GROUP BY 1"
+            ).fetchall()
+        )
+        print(f"  exact: {exact}")
+        for title in ("after ANALYZE (visibility map empty)", "after VACUUM"):
+            if title == "after VACUUM":
+                conn.execute("VACUUM ANALYZE runs")
+            times = scrape_times(conn, settings, options.repeat)
+            times["count every available run"] = full_count_times(conn, 10)
+            report(f"{title}:", times)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,14 @@ import os
 import statistics
 import sys
 import time
-import uuid
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as ``python bench/run_list.py``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
-from psycopg import sql
 
-from bench.metrics import fill
-from tidegate import Settings, Tidegate
+from bench.metrics import filled_schema
 from tidegate.storage.sql import query
 
 FILTERS: list[dict[str, str]] = [
@@ -85,32 +82,21 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=20)
     options = parser.parse_args()
-    schema = f"bench_run_list_{uuid.uuid4().hex[:8]}"
-    app = Tidegate(settings=Settings(database_url=options.database_url, schema=schema))
-    app.migrate()
-    try:
-        with app.database.connect() as conn:
-            conn.autocommit = True
-            print(f"{schema}: filling {options.runs:,} runs ...", flush=True)
-            fill(conn, options.runs)
-            conn.execute(
-                "INSERT INTO runs (project, lane, key, task, state, completed_at)"
-                " SELECT 'rare', 'rare_lane', 'rare-key', 'bench.rare', 'succeeded', now()"
-                " FROM generate_series(1, 20)"
+    with filled_schema(options.database_url, "bench_run_list", options.runs) as (_, conn):
+        conn.execute(
+            "INSERT INTO runs (project, lane, key, task, state, completed_at)"
+            " SELECT 'rare', 'rare_lane', 'rare-key', 'bench.rare', 'succeeded', now()"
+            " FROM generate_series(1, 20)"
+        )
+        conn.execute("VACUUM ANALYZE runs")
+        for filters in FILTERS:
+            times = timed(conn, filters, options.repeat)
+            shown = " ".join(f"{k}={v}" for k, v in filters.items()) or "(none)"
+            print(
+                f"{shown:<20} median {statistics.median(times):8.2f} ms"
+                f"   max {max(times):8.2f} ms   {plan(conn, filters)}",
+                flush=True,
             )
-            conn.execute("VACUUM ANALYZE runs")
-            for filters in FILTERS:
-                times = timed(conn, filters, options.repeat)
-                shown = " ".join(f"{k}={v}" for k, v in filters.items()) or "(none)"
-                print(
-                    f"{shown:<20} median {statistics.median(times):8.2f} ms"
-                    f"   max {max(times):8.2f} ms   {plan(conn, filters)}",
-                    flush=True,
-                )
-    finally:
-        with app.database.connect() as conn:
-            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
-        app.close()
 
 
 if __name__ == "__main__":
