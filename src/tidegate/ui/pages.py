@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from psycopg.rows import dict_row
 
 from tidegate.ingress.metrics import (
     ACTIVE_STATES,
@@ -22,24 +21,23 @@ from tidegate.ingress.metrics import (
     read_keys,
     read_lanes,
 )
-from tidegate.ingress.server import Ingress
 from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
-from tidegate.storage.sql import Statement, Steps
 from tidegate.ui.session import (
+    Current,
     Session,
     check_csrf,
     clear_cookie,
     close_session,
-    current_session,
     find_token_holder,
+    ingress_of,
     open_session,
     read_form,
+    rows,
     set_cookie,
 )
 from tidegate.ui.templating import render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-Current = Annotated[Session, Depends(current_session)]
 ProjectIdPath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
 
 CHART_MINUTES = 30
@@ -52,16 +50,6 @@ MAX_KEYS = 100
 MAX_WORKERS = 1000
 MAX_TOKEN_CHARS = 200
 """Longer than any token tidegate makes: not looked up."""
-
-
-def _ingress(request: Request) -> Ingress:
-    ingress: Ingress = request.app.state.ingress
-    return ingress
-
-
-def rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
-    """Run one statement; its rows as dicts."""
-    return (yield Statement(name, params, dict_row))
 
 
 def _secure(request: Request) -> bool:
@@ -77,7 +65,7 @@ async def login_page(request: Request) -> HTMLResponse:
 async def login(request: Request) -> Response:
     """Open a session for the holder of the token, or show the form again (401)."""
     token = (await read_form(request)).get("token", "").strip()
-    ingress = _ingress(request)
+    ingress = ingress_of(request)
     caller = None
     if 0 < len(token) <= MAX_TOKEN_CHARS:
         caller = await ingress.run(find_token_holder(token))
@@ -93,7 +81,7 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 async def logout(request: Request, session: Current) -> Response:
     await check_csrf(request, session)
-    await _ingress(request).run(close_session(session.id_hash))
+    await ingress_of(request).run(close_session(session.id_hash))
     response = RedirectResponse("/ui/login", status_code=303)
     clear_cookie(response, secure=_secure(request))
     return response
@@ -103,7 +91,7 @@ async def logout(request: Request, session: Current) -> Response:
 async def overview(request: Request, session: Current) -> HTMLResponse:
     lanes = []
     if session.caller.admin:
-        lanes = await _ingress(request).run(read_lanes(_ingress(request).settings))
+        lanes = await ingress_of(request).run(read_lanes(ingress_of(request).settings))
     return render(
         request,
         "overview.html",
@@ -118,7 +106,7 @@ async def overview(request: Request, session: Current) -> HTMLResponse:
 async def lanes_fragment(request: Request, session: Current) -> HTMLResponse:
     """The overview's lane rows, polled every 2 s (the super admin's: cluster figures)."""
     _admin_only(session)
-    lanes = await _ingress(request).run(read_lanes(_ingress(request).settings))
+    lanes = await ingress_of(request).run(read_lanes(ingress_of(request).settings))
     return render(request, "lanes.html", lanes=lanes, states=ACTIVE_STATES)
 
 
@@ -131,7 +119,7 @@ async def activity(request: Request, session: Current) -> JSONResponse:
     Throughput is null for a project: attempts are counted per lane, not per project.
     """
     project = session.caller.project
-    found = await _ingress(request).run(
+    found = await ingress_of(request).run(
         rows("read_activity", {"minutes": CHART_MINUTES, "project": project})
     )
     now = int(time.time()) // 60 * 60
@@ -161,7 +149,7 @@ def _series(found: list[dict[str, Any]], source: str, minutes: list[int]) -> dic
 async def workers(request: Request, session: Current) -> HTMLResponse:
     """Every worker row: the cluster's, so the super admin's only (404 for a project)."""
     _admin_only(session)
-    ingress = _ingress(request)
+    ingress = ingress_of(request)
     found = await ingress.run(rows("list_workers", {"limit": MAX_WORKERS}))
     return render(
         request,
@@ -173,7 +161,7 @@ async def workers(request: Request, session: Current) -> HTMLResponse:
 
 @router.get("/projects")
 async def projects(request: Request, session: Current) -> HTMLResponse:
-    ingress = _ingress(request)
+    ingress = ingress_of(request)
     if session.caller.admin:
         busiest = await ingress.run(
             rows(
@@ -202,10 +190,10 @@ async def project(project_id: ProjectIdPath, request: Request, session: Current)
     """A project's triggers, each with a link to its webhook log."""
     if not session.caller.admin and project_id != session.caller.project:
         raise HTTPException(404, f"no project {project_id}")
-    found = await _ingress(request).run(rows("list_projects", {"id": project_id}))
+    found = await ingress_of(request).run(rows("list_projects", {"id": project_id}))
     if not found:
         raise HTTPException(404, f"no project {project_id}")
-    triggers = await _ingress(request).run(
+    triggers = await ingress_of(request).run(
         rows("list_triggers", {"project": project_id, "id": None})
     )
     return render(request, "project.html", project=project_id, triggers=triggers)
@@ -213,7 +201,7 @@ async def project(project_id: ProjectIdPath, request: Request, session: Current)
 
 @router.get("/keys")
 async def keys(request: Request, session: Current) -> HTMLResponse:
-    found = await _ingress(request).run(read_keys(session.caller.project, MAX_KEYS))
+    found = await ingress_of(request).run(read_keys(session.caller.project, MAX_KEYS))
     return render(
         request,
         "keys.html",

@@ -7,32 +7,24 @@ Retry and Cancel run the runs API's own steps (``retry_steps``, ``cancel_steps``
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
-from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
 from tidegate.ingress.runs_api import cancel_steps, retry_steps
-from tidegate.ingress.server import Ingress
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
-from tidegate.ui.session import Session, check_csrf, current_session
+from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-Current = Annotated[Session, Depends(current_session)]
 RunIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 PAGE = 50
 FILTERS = ("state", "lane", "project", "task", "key")
-
-
-def _ingress(request: Request) -> Ingress:
-    ingress: Ingress = request.app.state.ingress
-    return ingress
 
 
 def _filters(request: Request, session: Session) -> dict[str, str | None]:
@@ -74,7 +66,7 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
     filters = _filters(request, session)
     before = _before(request)
     params = {**filters, "before": before, "limit": PAGE}
-    found = await _ingress(request).run(_rows("list_runs_page", params))
+    found = await ingress_of(request).run(rows("list_runs_page", params))
     older = None
     if len(found) == PAGE:
         kept = {name: value for name, value in filters.items() if value is not None}
@@ -108,7 +100,7 @@ async def retry(run_id: RunIdPath, request: Request, session: Current) -> Redire
     """Run a finished run again in the ``manual`` lane, as ``POST /runs/{id}/retry`` does."""
     await check_csrf(request, session)
     await _visible(request, session, run_id)
-    ingress = _ingress(request)
+    ingress = ingress_of(request)
     if not await ingress.run(retry_steps(ingress, [run_id], "manual")):
         raise HTTPException(409, f"run {run_id} has not finished")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
@@ -119,7 +111,7 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
     """Cancel a run that has not finished, as ``POST /runs/{id}/cancel`` does."""
     await check_csrf(request, session)
     await _visible(request, session, run_id)
-    ingress = _ingress(request)
+    ingress = ingress_of(request)
     if not await ingress.run(cancel_steps(ingress, run_id)):
         raise HTTPException(409, f"run {run_id} has finished already")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
@@ -127,7 +119,7 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
 
 async def _visible(request: Request, session: Session, run_id: int) -> Run:
     """The run, if the session may see it; 404 otherwise, as if it did not exist."""
-    found = await _ingress(request).run(_get_run(run_id))
+    found = await ingress_of(request).run(_get_run(run_id))
     caller = session.caller
     if found is None or not (caller.admin or found.project == caller.project):
         raise HTTPException(404, f"no run {run_id}")
@@ -137,7 +129,3 @@ async def _visible(request: Request, session: Session, run_id: int) -> Run:
 def _get_run(run_id: int) -> Steps[Run | None]:
     found = yield Statement("get_run", {"id": run_id}, run_row)
     return found[0] if found else None
-
-
-def _rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
-    return (yield Statement(name, params, dict_row))

@@ -26,10 +26,11 @@ import hmac
 import secrets
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import parse_qsl, urlsplit
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
+from psycopg.rows import dict_row
 from starlette.responses import RedirectResponse, Response
 from starlette.types import Scope
 
@@ -111,6 +112,21 @@ def current_session(request: Request) -> Session:
     """FastAPI dependency: the session the ``Guard`` found for this request."""
     session: Session = request.state.ui_session
     return session
+
+
+Current = Annotated[Session, Depends(current_session)]
+"""A page's session (a route parameter)."""
+
+
+def ingress_of(request: Request) -> Ingress:
+    """This API process's ``Ingress`` (its pool and settings)."""
+    ingress: Ingress = request.app.state.ingress
+    return ingress
+
+
+def rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
+    """Run one statement; its rows as dicts (what the templates read)."""
+    return (yield Statement(name, params, dict_row))
 
 
 async def read_form(request: Request) -> dict[str, str]:

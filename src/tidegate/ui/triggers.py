@@ -19,21 +19,17 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
-from psycopg.rows import dict_row
 
 from tidegate.app import DEFAULT_LANE, NewRun
 from tidegate.errors import EnqueueError, InputError
-from tidegate.ingress.server import Ingress
 from tidegate.limits import MAX_ID, parse_json
 from tidegate.runs import RunState
-from tidegate.storage.sql import Statement, Steps
-from tidegate.ui.session import Session, check_csrf, current_session
+from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
-Current = Annotated[Session, Depends(current_session)]
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 Kind = Literal["admitted", "refused"]
 PAGE = 50
@@ -41,19 +37,10 @@ SYNC_STATUS = {RunState.SUCCEEDED: 200, RunState.DISCARDED: 502, RunState.CANCEL
 """What a sync caller got for a run in each finished state; 202 while it was running."""
 
 
-def _ingress(request: Request) -> Ingress:
-    ingress: Ingress = request.app.state.ingress
-    return ingress
-
-
-def _rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
-    return (yield Statement(name, params, dict_row))
-
-
 async def _trigger(request: Request, session: Session, trigger_id: int) -> dict[str, Any]:
     """The trigger, if the session may see it; 404 otherwise."""
-    found = await _ingress(request).run(
-        _rows("list_triggers", {"project": session.caller.project, "id": trigger_id})
+    found = await ingress_of(request).run(
+        rows("list_triggers", {"project": session.caller.project, "id": trigger_id})
     )
     if not found:
         raise HTTPException(404, f"no trigger {trigger_id}")
@@ -78,8 +65,8 @@ def _keyset(raw: str | None) -> tuple[datetime | None, str | None, int | None]:
 async def log(trigger_id: IdPath, request: Request, session: Current) -> HTMLResponse:
     trigger = await _trigger(request, session, trigger_id)
     before_at, before_kind, before_id = _keyset(request.query_params.get("before"))
-    found = await _ingress(request).run(
-        _rows(
+    found = await ingress_of(request).run(
+        rows(
             "read_trigger_log",
             {
                 "trigger_id": trigger_id,
@@ -121,8 +108,8 @@ async def _entry(
     request: Request, session: Session, trigger_id: int, kind: str, request_id: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     trigger = await _trigger(request, session, trigger_id)
-    found = await _ingress(request).run(
-        _rows(
+    found = await ingress_of(request).run(
+        rows(
             "get_logged_request",
             {
                 "kind": kind,
@@ -142,7 +129,7 @@ async def _entry(
 
 def _payload(request: Request, entry: dict[str, Any]) -> Any:
     """The body as ingress parsed it; ``InputError`` when it is not JSON tidegate takes."""
-    return parse_json(bytes(entry["body"]), "the body", _ingress(request).settings.max_json_depth)
+    return parse_json(bytes(entry["body"]), "the body", ingress_of(request).settings.max_json_depth)
 
 
 @router.get("/triggers/{trigger_id}/log/{kind}/{request_id}")
@@ -185,7 +172,7 @@ async def replay(
     except InputError as error:
         raise HTTPException(409, f"cannot be replayed: {error}") from None
     args = {"body": payload, "headers": entry["headers"], "trigger": trigger["name"]}
-    ingress = _ingress(request)
+    ingress = ingress_of(request)
     new = NewRun(
         trigger["task"],
         args,
