@@ -83,6 +83,13 @@ def register(app: Tidegate) -> None:
             raise ValueError(f"boom on attempt {run.attempt}")
         return f"ok on attempt {run.attempt}"
 
+    @app.task(name="fail_while_flagged", max_attempts=1)
+    async def fail_while_flagged(flag: str, **_: Any) -> str:
+        """Fail while the file ``flag`` exists: a fault the test fixes before a retry."""
+        if os.path.exists(flag):
+            raise RuntimeError(f"{flag} says to fail")
+        return "flag gone"
+
     @app.task(name="retry_once")
     async def retry_once(**_: Any) -> str:
         if current_run().attempt == 1:
