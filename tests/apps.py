@@ -104,6 +104,25 @@ def register(app: Tidegate) -> None:
     async def slow(**_: Any) -> None:
         await asyncio.sleep(5)
 
+    # A shop's tasks, for the dashboard's screenshots (test_dashboard_browser.py).
+
+    @app.task(name="shop.send_receipt", lane="emails")
+    def send_receipt(**_: Any) -> dict[str, Any]:
+        time.sleep(0.25)
+        return {"sent": True}
+
+    @app.task(name="shop.build_report", lane="reports")
+    def build_report(**_: Any) -> dict[str, Any]:
+        time.sleep(1.5)
+        return {"rows": 1200}
+
+    @app.task(name="shop.sync_invoice", max_attempts=2)
+    async def sync_invoice(invoice: int = 0, **_: Any) -> dict[str, Any]:
+        await asyncio.sleep(0.1)
+        if invoice % 7 == 0:
+            raise ValueError(f"ledger refused invoice {invoice}: currency mismatch (EUR, USD)")
+        return {"synced": invoice}
+
     # Webhook-shaped handlers: a webhook run's args are {"body", "headers", "trigger"}.
 
     @app.task(name="hook_sleep")

@@ -315,3 +315,92 @@ def test_a_project_token_sees_only_its_own_project(
     expect(page.locator(f'#runs tr[data-run="{theirs.id}"]')).to_have_count(0)
     response = page.goto(f"/ui/runs/{theirs.id}")
     assert response is not None and response.status in (403, 404), response
+
+
+# -- screenshots for docs/dashboard.md ------------------------------------------------
+
+SCENE_SECONDS = 150.0
+"""How long the shop works before the pictures: a few points on the per-minute charts."""
+
+
+@pytest.mark.skipif(
+    not SCREENSHOTS, reason="set TIDEGATE_SCREENSHOTS=docs/images to take the screenshots"
+)
+def test_screenshots_of_every_page(
+    admin: Page,
+    app: Tidegate,
+    client: httpx.Client,
+    start_worker_process: Callable[..., Any],
+) -> None:
+    """Run a small shop for a few minutes (three projects, four lanes, webhooks over
+    their rate, failing invoices, a task no worker has), then photograph each page."""
+    for project, limits in {
+        "acme": {"ingest_rate": 1, "ingest_burst": 2, "fast_lane_cap": 2},
+        "globex": {"concurrency": 6},
+        "initech": {"backlog_cap": 5000},
+    }.items():
+        create_project(client, project, **limits)
+    orders = create_trigger(client, "acme", "orders", mode="async", task="shop.send_receipt")
+    create_trigger(client, "acme", "quotes", mode="sync", task="echo")
+    invoices = create_trigger(client, "globex", "invoices", mode="async", task="shop.sync_invoice")
+    app.set_key_policy("emails", "*", rate=12, rate_burst=6)
+    app.set_key_policy("default", "acme", max_running=2, weight=3)
+    app.set_key_policy("reports", "initech", max_running=1)
+    app.enqueue_many(
+        NewRun("shop.build_report", {"month": f"2026-{m:02}"}, project="initech", delay=3600)
+        for m in range(1, 13)
+    )
+    app.enqueue("billing.close_month", {"month": "2026-10"}, project="initech")
+
+    start_worker_process("fast_lane:1 manual>*:3")
+    start_worker_process("emails:2")
+    projects = ("acme", "globex", "initech")
+    started = time.monotonic()
+    wave = 0
+    while time.monotonic() - started < SCENE_SECONDS:
+        wave += 1
+        app.enqueue_many(
+            [
+                *(
+                    NewRun("shop.send_receipt", {"order": wave * 100 + n}, project=projects[n % 3])
+                    for n in range(60)
+                ),
+                *(
+                    NewRun("shop.sync_invoice", {"invoice": wave * 10 + n}, project="globex")
+                    for n in range(8)
+                ),
+                NewRun("shop.build_report", {"shop": wave}, project="initech"),
+                NewRun("noop", project="acme", lane="fast_lane"),
+            ]
+        )
+        for n in range(4):
+            client.post(orders["url"], json={"order": wave * 100 + n, "total": "19.90"})
+        client.post(invoices["url"], json={"invoice": wave * 10 + 9})
+        admin.wait_for_timeout(5_000)  # the pace of the shop, not a wait for a condition
+
+    admin.goto("/ui/")
+    expect(admin.locator("#throughput-chart canvas").first).to_be_visible()
+    expect(admin.locator("#admissions-chart canvas").first).to_be_visible()
+    shoot(admin, "overview")
+
+    admin.goto("/ui/runs?project=globex")
+    expect(admin.locator("#runs tr[data-run]").first).to_be_visible()
+    shoot(admin, "runs")
+
+    discarded = app.list_runs(state=RunState.DISCARDED, task="shop.sync_invoice", limit=1)
+    assert discarded, "no invoice was discarded"
+    admin.goto(f"/ui/runs/{discarded[0].id}")
+    expect(admin.locator("#run-errors li")).to_have_count(2)
+    shoot(admin, "run")
+
+    admin.goto(f"/ui/triggers/{orders['id']}/log")
+    expect(admin.locator('#requests tr[data-status="429"]').first).to_be_visible()
+    shoot(admin, "webhook-log")
+
+    admin.goto("/ui/workers")
+    expect(admin.locator("#workers tbody tr")).to_have_count(2)
+    shoot(admin, "workers")
+
+    admin.goto("/ui/keys")
+    expect(admin.locator("#keys tbody tr").first).to_be_visible()
+    shoot(admin, "keys")
