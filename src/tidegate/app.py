@@ -191,7 +191,7 @@ class Tidegate:
 
     def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Enqueue runs in one statement; return them in input order."""
-        return self.execute(self._enqueue_steps(list(runs)))
+        return self.execute(self.enqueue_steps(list(runs)))
 
     async def aenqueue(
         self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
@@ -201,9 +201,11 @@ class Tidegate:
 
     async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Async form of ``enqueue_many``."""
-        return await self.aexecute(self._enqueue_steps(list(runs)))
+        return await self.aexecute(self.enqueue_steps(list(runs)))
 
-    def _enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
+    def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
+        """The steps of ``enqueue_many``, for a caller that runs them on a connection of
+        its own (the API process, on its pool: the dashboard's Replay)."""
         if not new:
             return []
         rows = [self._row(n) for n in new]
@@ -249,7 +251,7 @@ class Tidegate:
         if any(run is None for run in results):
             # The original was pruned between the insert and the read: insert again.
             missing = [n for n, run in zip(new, results, strict=True) if run is None]
-            again = iter((yield from self._enqueue_steps(missing)))
+            again = iter((yield from self.enqueue_steps(missing)))
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 

@@ -355,6 +355,11 @@ def demo(ctx: click.Context, /, count: int) -> None:
     type=click.IntRange(0, 10_000),
     help="The most projects GET /metrics reports (the busiest).",
 )
+@_option(
+    "--ui-session-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    help="How long a dashboard (/ui) session lasts after signing in.",
+)
 @_option("--access-log", is_flag=True, help="Log every HTTP request.")
 @click.pass_context
 def serve(

@@ -52,6 +52,7 @@ DEFAULT_BODY_TIMEOUT_SECONDS = 60.0
 DEFAULT_LOG_FORMAT = "text"
 DEFAULT_METRICS_MAX_LANES = 100
 DEFAULT_METRICS_MAX_PROJECTS = 100
+DEFAULT_UI_SESSION_SECONDS = 12 * 3600.0
 LOG_FORMATS = ("text", "json")
 
 MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
@@ -128,6 +129,8 @@ class Settings:
     """The most lanes ``/metrics`` reports (in name order): a lane is a label value."""
     metrics_max_projects: int = DEFAULT_METRICS_MAX_PROJECTS
     """The most projects ``/metrics`` reports (the busiest): a project is a label value."""
+    ui_session_seconds: float = DEFAULT_UI_SESSION_SECONDS
+    """How long a dashboard session lasts after signing in (``/ui``); then sign in again."""
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -13,6 +13,9 @@ body or matches a route:
   to the routes as ``request.state.caller``. This runs outside FastAPI's exception
   handlers, so a database error while looking the token up is answered here, as a
   route's would be (503 when unreachable);
+- ``/ui`` (the dashboard): the session is found from its cookie, the same way before
+  any body is read (``tidegate.ui.session.admit``): a page without one is sent to the
+  sign-in page, anything else is answered 401;
 - a body over its limit: 413, on ``Content-Length`` and again while it arrives (the JSON
   APIs: ``max_api_body_bytes``; the webhook route applies its trigger's own limit);
 - a body that stops arriving for ``read_timeout_seconds``, or that is not all in within
@@ -34,6 +37,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegate.ingress.auth import Refused, authenticate
 from tidegate.ingress.server import database_problem, problem
+from tidegate.ui import session
 
 if TYPE_CHECKING:
     from tidegate.ingress.server import Ingress
@@ -85,6 +89,11 @@ class Guard:
             except Refused as refused:
                 challenge = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else {}
                 refusal = (refused.status, refused.title, challenge)
+            except psycopg.Error as error:
+                answer = database_problem(error, scope["method"], path)
+        elif refusal is None and session.is_dashboard(path):
+            try:
+                answer = await session.admit(self.ingress, scope, headers)
             except psycopg.Error as error:
                 answer = database_problem(error, scope["method"], path)
         limit = None if path.startswith("/hooks/") else settings.max_api_body_bytes

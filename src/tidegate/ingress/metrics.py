@@ -99,9 +99,9 @@ class Figures:
     attempts: list[Attempts]
 
 
-def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: four statements, each bounded (see module doc)."""
-    lanes = yield Statement(
+def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
+    """Each lane's depth by state and its lag (the dashboard's overview reads them too)."""
+    rows = yield Statement(
         "read_lanes",
         {
             "max_lanes": settings.metrics_max_lanes,
@@ -109,6 +109,15 @@ def read_figures(settings: Settings) -> Steps[Figures]:
             "count_budget": COUNT_BUDGET,
         },
     )
+    return [
+        LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag)
+        for lane, *depths, lag in rows
+    ]
+
+
+def read_figures(settings: Settings) -> Steps[Figures]:
+    """Read every figure of a scrape: four statements, each bounded (see module doc)."""
+    lanes = yield from read_lanes(settings)
     workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
     projects = yield Statement(
         "read_fast_lane_projects",
@@ -120,10 +129,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
     )
     attempts = yield Statement("read_counters", {"max_series": MAX_ATTEMPT_SERIES})
     return Figures(
-        lanes=[
-            LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag)
-            for lane, *depths, lag in lanes
-        ],
+        lanes=lanes,
         workers_live=workers[0][0],
         heartbeat_age_seconds=workers[0][1],
         workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],

@@ -108,7 +108,7 @@ async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> 
     """Run a finished run again, in the ``manual`` lane."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
-    retried = await ingress.run(_runs("retry_run", _retry_params(ingress, [run_id], "manual")))
+    retried = await ingress.run(retry_steps(ingress, [run_id], "manual"))
     if not retried:
         raise HTTPException(409, f"run {run_id} has not finished")
     return JSONResponse(_shown(retried[0], caller))
@@ -122,7 +122,7 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
     if not caller.admin:
         mine = await ingress.run(_runs("list_runs_by_id", {"ids": ids}))
         ids = [run.id for run in mine if run.project == caller.project]
-    retried = await ingress.run(_runs("retry_run", _retry_params(ingress, ids, "default")))
+    retried = await ingress.run(retry_steps(ingress, ids, "default"))
     return {"retried": sorted(run.id for run in retried)}
 
 
@@ -131,12 +131,22 @@ async def cancel_run(run_id: RunIdPath, request: Request, caller: Authorized) ->
     """Cancel a run that has not finished (a running attempt is not interrupted)."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
-    params = {"id": run_id, "completed_channel": ingress.app.completed_channel}
-    cancelled = await ingress.run(_runs("cancel_run", params))
+    cancelled = await ingress.run(cancel_steps(ingress, run_id))
     if not cancelled:
         raise HTTPException(409, f"run {run_id} has finished already")
     return JSONResponse(_shown(cancelled[0], caller))
 
 
-def _retry_params(ingress: Ingress, ids: list[int], lane: str) -> dict[str, Any]:
-    return {"ids": ids, "lane": lane, "channel": ingress.app.available_channel}
+def retry_steps(ingress: Ingress, ids: list[int], lane: str) -> Steps[list[Run]]:
+    """Run the finished runs of ``ids`` again in ``lane``; the others are left as they are.
+
+    The dashboard's Retry button runs the same steps as this API.
+    """
+    params = {"ids": ids, "lane": lane, "channel": ingress.app.available_channel}
+    return _runs("retry_run", params)
+
+
+def cancel_steps(ingress: Ingress, run_id: int) -> Steps[list[Run]]:
+    """Cancel the run if it has not finished; the dashboard's Cancel button runs these too."""
+    params = {"id": run_id, "completed_channel": ingress.app.completed_channel}
+    return _runs("cancel_run", params)

@@ -152,6 +152,7 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for one API process."""
     from tidegate.ingress import admin, hooks, metrics, runs_api
     from tidegate.ingress.guard import Guard
+    from tidegate.ui import install as install_dashboard
 
     ingress = Ingress(settings or Settings.from_env())
 
@@ -176,6 +177,7 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     server.include_router(runs_api.router)
     server.include_router(admin.router)
     server.include_router(metrics.router)
+    install_dashboard(server)
 
     @server.exception_handler(psycopg.Error)
     async def database_error(request: Request, error: psycopg.Error) -> JSONResponse:

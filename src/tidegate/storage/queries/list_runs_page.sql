@@ -1,0 +1,16 @@
+-- A page of the dashboard's run list: newest first, every filter optional (NULL
+-- matches all), after the keyset %(before)s (the last id of the page before). The
+-- columns of a list only: args and result may be large, the run's page shows them.
+-- Which index serves each filter, and what a page costs at 1,000,000 runs:
+-- docs/dashboard.md.
+SELECT id, state, task, lane, key, project, attempt, max_attempts,
+       inserted_at, scheduled_at, attempted_at, completed_at
+FROM runs
+WHERE (%(project)s::text IS NULL OR project = %(project)s)
+  AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+  AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(key)s::text IS NULL OR key = %(key)s)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s)
+ORDER BY id DESC
+LIMIT %(limit)s::integer

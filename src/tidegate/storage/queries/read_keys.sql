@@ -1,0 +1,85 @@
+-- The busiest keys of the lanes: each key's policy (its own, else its lane's default
+-- '*', field by field, as the claim reads it), its runs in flight and waiting, and what
+-- holds it back. Independent of who asks: %(project)s NULL reads every project's runs;
+-- a project reads its own runs only, and only the keys they use (a key policy belongs
+-- to no project: a project sees the policies of its keys and of their lanes' '*').
+--
+-- Which keys, so the cost never follows the number of keys (a million tenants): those
+-- with runs in flight (runs_running: a few per worker slot), those of the first
+-- %(scan_limit)s ready runs in claim order (runs_claim_any: the keys next in line),
+-- and, for the super admin, those with a policy of their own (at most %(limit)s). A
+-- key deep in a backlog behind those is not listed. At most %(limit)s rows.
+--
+-- held_by: 'cap' when the key's runs in flight (of every project: that is what the
+-- claim counts) reach max_running; 'rate' when its GCRA state (key_rates.tat) is further
+-- ahead than the burst allows, which is the claim's own test; else ''. fast_lane runs
+-- are exempt from key limits, so nothing holds a fast_lane key.
+WITH running AS (
+    SELECT lane, key, count(*) AS every_project,
+           count(*) FILTER (WHERE %(project)s::text IS NULL OR project = %(project)s) AS own
+    FROM runs WHERE state = 'running'
+    GROUP BY lane, key
+),
+head AS (
+    SELECT ready.lane, ready.key FROM (
+        SELECT lane, key, project FROM runs WHERE state = 'available'
+        ORDER BY rank, id
+        LIMIT %(scan_limit)s::integer
+    ) AS ready
+    WHERE %(project)s::text IS NULL OR ready.project = %(project)s
+),
+keys AS (
+    SELECT lane, key FROM running WHERE own > 0
+    UNION
+    SELECT lane, key FROM head
+    UNION
+    SELECT policed.lane, policed.key FROM (
+        SELECT lane, key FROM key_policies
+        WHERE %(project)s::text IS NULL
+        ORDER BY lane, key
+        LIMIT %(limit)s::integer
+    ) AS policed
+),
+candidates AS (
+    SELECT lane, key FROM keys
+    UNION
+    SELECT lane_default.lane, lane_default.key FROM key_policies AS lane_default
+    WHERE lane_default.key = '*' AND lane_default.lane IN (SELECT lane FROM keys)
+),
+figures AS (
+    SELECT c.lane, c.key,
+           coalesce(own.max_running, lane_default.max_running) AS max_running,
+           coalesce(own.weight, lane_default.weight, 1.0) AS weight,
+           coalesce(own.rate, lane_default.rate) AS rate,
+           coalesce(own.rate_burst, lane_default.rate_burst, 1) AS rate_burst,
+           CASE WHEN c.key <> '*' THEN coalesce(running.own, 0) END AS in_flight,
+           CASE WHEN c.key <> '*' THEN (
+               -- runs_key_ready, at most waiting_cap entries
+               SELECT count(*) FILTER (
+                   WHERE %(project)s::text IS NULL OR waiting.project = %(project)s)
+               FROM (
+                   SELECT project FROM runs
+                   WHERE runs.lane = c.lane AND runs.key = c.key AND runs.state = 'available'
+                   LIMIT %(waiting_cap)s::integer
+               ) AS waiting
+           ) END AS waiting,
+           coalesce(running.every_project, 0) AS gate_in_flight,
+           (SELECT tat FROM key_rates WHERE key_rates.lane = c.lane AND key_rates.key = c.key)
+               AS tat
+    FROM candidates AS c
+    LEFT JOIN key_policies AS own ON own.lane = c.lane AND own.key = c.key
+    LEFT JOIN key_policies AS lane_default
+        ON lane_default.lane = c.lane AND lane_default.key = '*'
+    LEFT JOIN running ON running.lane = c.lane AND running.key = c.key
+)
+SELECT lane, key, max_running, weight, rate, rate_burst, in_flight, waiting,
+       CASE
+           WHEN key = '*' OR lane = 'fast_lane' THEN ''
+           WHEN max_running IS NOT NULL AND gate_in_flight >= max_running THEN 'cap'
+           WHEN rate IS NOT NULL
+                AND tat > now() + make_interval(secs => (rate_burst - 1) / rate) THEN 'rate'
+           ELSE ''
+       END AS held_by
+FROM figures
+ORDER BY key <> '*', in_flight DESC, waiting DESC, lane, key
+LIMIT %(limit)s::integer

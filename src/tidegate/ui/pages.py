@@ -1,0 +1,236 @@
+"""The dashboard's cluster pages: sign-in, overview, workers, projects, keys.
+
+Every statement a page runs is given the session's project (None for the super admin)
+and filters by it; what is the whole cluster's and cannot be split by project (lane
+depths, worker throughput, the workers) is shown to the super admin only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from psycopg.rows import dict_row
+
+from tidegate.ingress.metrics import ACTIVE_STATES, COUNT_CAP, read_lanes
+from tidegate.ingress.server import Ingress
+from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
+from tidegate.storage.sql import Statement, Steps
+from tidegate.ui.session import (
+    Session,
+    check_csrf,
+    clear_cookie,
+    close_session,
+    current_session,
+    find_token_holder,
+    open_session,
+    read_form,
+    set_cookie,
+)
+from tidegate.ui.templating import render
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+Current = Annotated[Session, Depends(current_session)]
+ProjectIdPath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
+
+CHART_MINUTES = 30
+MAX_CHART_SERIES = 12
+"""Lines per chart, the largest first: more than a dozen cannot be told apart."""
+MAX_PROJECTS = 100
+"""Rows of the projects page: the busiest, like /metrics' ``metrics_max_projects``."""
+MAX_KEYS = 100
+"""Rows of the keys page."""
+KEY_SCAN = 10_000
+"""Ready runs read, in claim order, to find the keys next in line (read_keys.sql)."""
+WAITING_CAP = 10_000
+"""A key's waiting runs are counted up to this, then shown as ``10000+``."""
+MAX_WORKERS = 1000
+MAX_TOKEN_CHARS = 200
+"""Longer than any token tidegate makes: not looked up."""
+
+
+def _ingress(request: Request) -> Ingress:
+    ingress: Ingress = request.app.state.ingress
+    return ingress
+
+
+def rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
+    """Run one statement; its rows as dicts."""
+    return (yield Statement(name, params, dict_row))
+
+
+def _secure(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+@router.get("/login")
+async def login_page(request: Request) -> HTMLResponse:
+    return render(request, "login.html")
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    """Open a session for the holder of the token, or show the form again (401)."""
+    token = (await read_form(request)).get("token", "").strip()
+    ingress = _ingress(request)
+    caller = None
+    if 0 < len(token) <= MAX_TOKEN_CHARS:
+        caller = await ingress.run(find_token_holder(token))
+    if caller is None:
+        return render(request, "login.html", 401, message="Unknown token.")
+    seconds = ingress.settings.ui_session_seconds
+    session_id = await ingress.run(open_session(caller, seconds))
+    response = RedirectResponse("/ui/", status_code=303)
+    set_cookie(response, session_id, seconds, secure=_secure(request))
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, session: Current) -> Response:
+    await check_csrf(request, session)
+    await _ingress(request).run(close_session(session.id_hash))
+    response = RedirectResponse("/ui/login", status_code=303)
+    clear_cookie(response, secure=_secure(request))
+    return response
+
+
+@router.get("/")
+async def overview(request: Request, session: Current) -> HTMLResponse:
+    lanes = []
+    if session.caller.admin:
+        lanes = await _ingress(request).run(read_lanes(_ingress(request).settings))
+    return render(
+        request,
+        "overview.html",
+        lanes=lanes,
+        states=ACTIVE_STATES,
+        count_cap=f"{COUNT_CAP:,}",
+        minutes=CHART_MINUTES,
+    )
+
+
+@router.get("/fragments/lanes")
+async def lanes_fragment(request: Request, session: Current) -> HTMLResponse:
+    """The overview's lane rows, polled every 2 s (the super admin's: cluster figures)."""
+    _admin_only(session)
+    lanes = await _ingress(request).run(read_lanes(_ingress(request).settings))
+    return render(request, "lanes.html", lanes=lanes, states=ACTIVE_STATES)
+
+
+@router.get("/api/activity")
+async def activity(request: Request, session: Current) -> JSONResponse:
+    """The charts' data: counts per minute of the last 30 minutes, one list per series.
+
+    ``{"minutes": [epoch seconds...], "throughput": {"series": [lane...], "counts":
+    [[...]...]} or null, "admissions": {"series": [outcome...], "counts": ...}}``.
+    Throughput is null for a project: attempts are counted per lane, not per project.
+    """
+    project = session.caller.project
+    found = await _ingress(request).run(
+        rows("read_activity", {"minutes": CHART_MINUTES, "project": project})
+    )
+    now = int(time.time()) // 60 * 60
+    minutes = [now - 60 * (CHART_MINUTES - 1 - i) for i in range(CHART_MINUTES)]
+    return JSONResponse(
+        {
+            "minutes": minutes,
+            "throughput": None if project else _series(found, "attempt", minutes),
+            "admissions": _series(found, "admission", minutes),
+        }
+    )
+
+
+def _series(found: list[dict[str, Any]], source: str, minutes: list[int]) -> dict[str, Any]:
+    position = {minute: i for i, minute in enumerate(minutes)}
+    counts: dict[str, list[int]] = {}
+    for row in found:
+        if row["source"] == source and row["minute"] in position:
+            line = counts.setdefault(row["series"], [0] * len(minutes))
+            line[position[row["minute"]]] += row["count"]
+    largest = sorted(counts, key=lambda name: (-sum(counts[name]), name))[:MAX_CHART_SERIES]
+    kept = sorted(largest)
+    return {"series": kept, "counts": [counts[name] for name in kept]}
+
+
+@router.get("/workers")
+async def workers(request: Request, session: Current) -> HTMLResponse:
+    """Every worker row: the cluster's, so the super admin's only (404 for a project)."""
+    _admin_only(session)
+    ingress = _ingress(request)
+    found = await ingress.run(rows("list_workers", {"limit": MAX_WORKERS}))
+    return render(
+        request,
+        "workers.html",
+        workers=found,
+        live_seconds=3 * ingress.settings.heartbeat_seconds,
+    )
+
+
+@router.get("/projects")
+async def projects(request: Request, session: Current) -> HTMLResponse:
+    ingress = _ingress(request)
+    if session.caller.admin:
+        busiest = await ingress.run(
+            rows(
+                "read_fast_lane_projects",
+                {
+                    "max_projects": MAX_PROJECTS,
+                    "scan_limit": COUNT_CAP,
+                    "default_cap": ingress.settings.fast_lane_cap,
+                },
+            )
+        )
+        ids = [row["project"] for row in busiest]
+    else:
+        ids = [session.caller.project]
+    found = await ingress.run(
+        rows(
+            "read_projects",
+            {"ids": ids, "default_cap": ingress.settings.fast_lane_cap, "count_cap": COUNT_CAP},
+        )
+    )
+    return render(request, "projects.html", projects=found, limit=MAX_PROJECTS)
+
+
+@router.get("/projects/{project_id}")
+async def project(project_id: ProjectIdPath, request: Request, session: Current) -> HTMLResponse:
+    """A project's triggers, each with a link to its webhook log."""
+    if not session.caller.admin and project_id != session.caller.project:
+        raise HTTPException(404, f"no project {project_id}")
+    found = await _ingress(request).run(rows("list_projects", {"id": project_id}))
+    if not found:
+        raise HTTPException(404, f"no project {project_id}")
+    triggers = await _ingress(request).run(
+        rows("list_triggers", {"project": project_id, "id": None})
+    )
+    return render(request, "project.html", project=project_id, triggers=triggers)
+
+
+@router.get("/keys")
+async def keys(request: Request, session: Current) -> HTMLResponse:
+    found = await _ingress(request).run(
+        rows(
+            "read_keys",
+            {
+                "project": session.caller.project,
+                "limit": MAX_KEYS,
+                "scan_limit": KEY_SCAN,
+                "waiting_cap": WAITING_CAP,
+            },
+        )
+    )
+    return render(
+        request,
+        "keys.html",
+        keys=found,
+        limit=MAX_KEYS,
+        scan_limit=f"{KEY_SCAN:,}",
+        waiting_cap=WAITING_CAP,
+    )
+
+
+def _admin_only(session: Session) -> None:
+    if not session.caller.admin:
+        raise HTTPException(404, "the super admin's page")

@@ -1,0 +1,143 @@
+"""The dashboard's runs: a filtered list, newest first, and each run with Retry and Cancel.
+
+A project's session reads its own runs only: the list is filtered by its project
+whatever the form says, and another project's run answers 404, as in the runs API.
+Retry and Cancel run the runs API's own steps (``retry_steps``, ``cancel_steps``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from psycopg.rows import dict_row
+
+from tidegate.errors import InputError
+from tidegate.ingress.runs_api import cancel_steps, retry_steps
+from tidegate.ingress.server import Ingress
+from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text
+from tidegate.runs import Run, RunState, run_row
+from tidegate.storage.sql import Statement, Steps
+from tidegate.ui.session import Session, check_csrf, current_session
+from tidegate.ui.templating import render
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+Current = Annotated[Session, Depends(current_session)]
+RunIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+PAGE = 50
+FILTERS = ("state", "lane", "project", "task", "key")
+
+
+def _ingress(request: Request) -> Ingress:
+    ingress: Ingress = request.app.state.ingress
+    return ingress
+
+
+def _filters(request: Request, session: Session) -> dict[str, str | None]:
+    """The list's filters from the query string, checked; an empty field is no filter.
+
+    A project's session is held to its project, whatever the query says.
+    """
+    query = request.query_params
+    found: dict[str, str | None] = {name: query.get(name) or None for name in FILTERS}
+    try:
+        if found["state"] is not None and found["state"] not in RunState.__members__.values():
+            raise InputError(f"state {found['state']!r} is not one of {', '.join(RunState)}")
+        if found["lane"] is not None:
+            check_lane(found["lane"])
+        if found["project"] is not None:
+            check_identifier(found["project"], "project")
+        for name in ("task", "key"):
+            if found[name] is not None:
+                check_text(found[name], name)
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
+    if not session.caller.admin:
+        found["project"] = session.caller.project
+    return found
+
+
+def _before(request: Request) -> int | None:
+    raw = request.query_params.get("before") or None
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
+        raise HTTPException(422, f"before must be a run id, 1 to {MAX_ID}")
+    return int(raw)
+
+
+@router.get("/runs")
+async def runs(request: Request, session: Current) -> HTMLResponse:
+    """A page of runs, newest first; ``before`` (a run id) pages back (keyset)."""
+    filters = _filters(request, session)
+    before = _before(request)
+    params = {**filters, "before": before, "limit": PAGE}
+    found = await _ingress(request).run(_rows("list_runs_page", params))
+    older = None
+    if len(found) == PAGE:
+        kept = {name: value for name, value in filters.items() if value is not None}
+        if not session.caller.admin:
+            kept.pop("project", None)
+        older = "/ui/runs?" + urlencode({**kept, "before": found[-1]["id"]})
+    return render(
+        request,
+        "runs.html",
+        runs=found,
+        filters=filters,
+        before=before,
+        older=older,
+        all_states=[state.value for state in RunState],
+    )
+
+
+@router.get("/runs/{run_id}")
+async def run_page(run_id: RunIdPath, request: Request, session: Current) -> HTMLResponse:
+    return render(request, "run.html", run=await _visible(request, session, run_id))
+
+
+@router.get("/fragments/runs/{run_id}")
+async def run_fragment(run_id: RunIdPath, request: Request, session: Current) -> HTMLResponse:
+    """The run's state, result, errors and buttons: polled every 2 s until it finishes."""
+    return render(request, "run_live.html", run=await _visible(request, session, run_id))
+
+
+@router.post("/runs/{run_id}/retry")
+async def retry(run_id: RunIdPath, request: Request, session: Current) -> RedirectResponse:
+    """Run a finished run again in the ``manual`` lane, as ``POST /runs/{id}/retry`` does."""
+    await check_csrf(request, session)
+    await _visible(request, session, run_id)
+    ingress = _ingress(request)
+    if not await ingress.run(retry_steps(ingress, [run_id], "manual")):
+        raise HTTPException(409, f"run {run_id} has not finished")
+    return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel(run_id: RunIdPath, request: Request, session: Current) -> RedirectResponse:
+    """Cancel a run that has not finished, as ``POST /runs/{id}/cancel`` does."""
+    await check_csrf(request, session)
+    await _visible(request, session, run_id)
+    ingress = _ingress(request)
+    if not await ingress.run(cancel_steps(ingress, run_id)):
+        raise HTTPException(409, f"run {run_id} has finished already")
+    return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
+
+
+async def _visible(request: Request, session: Session, run_id: int) -> Run:
+    """The run, if the session may see it; 404 otherwise, as if it did not exist."""
+    found = await _ingress(request).run(_get_run(run_id))
+    caller = session.caller
+    if found is None or not (caller.admin or found.project == caller.project):
+        raise HTTPException(404, f"no run {run_id}")
+    return found
+
+
+def _get_run(run_id: int) -> Steps[Run | None]:
+    found = yield Statement("get_run", {"id": run_id}, run_row)
+    return found[0] if found else None
+
+
+def _rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
+    return (yield Statement(name, params, dict_row))

@@ -1,0 +1,200 @@
+"""A trigger's webhook log, each request as it arrived, and its replay.
+
+The log merges the admitted requests (``requests``) with those answered without a new
+run (``request_log``: refused, or a repeat of an admitted one), newest first, a page
+at a time on the keyset (received_at, kind, id). A project's session sees its own
+triggers only: any other trigger id, or a request of another trigger, is a 404.
+
+Replay enqueues a new run of the trigger's task with the args shaped exactly as
+ingress shapes them (``{"body", "headers", "trigger"}``), with the project as key, in
+the ``default`` lane: a sync trigger's runs go to ``fast_lane`` because a caller waits
+for them, and nobody waits for a replay. A request whose body was kept truncated
+cannot be replayed: the run would get a body that was never sent.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from psycopg.rows import dict_row
+
+from tidegate.app import DEFAULT_LANE, NewRun
+from tidegate.errors import EnqueueError, InputError
+from tidegate.ingress.server import Ingress
+from tidegate.limits import MAX_ID, parse_json
+from tidegate.runs import RunState
+from tidegate.storage.sql import Statement, Steps
+from tidegate.ui.session import Session, check_csrf, current_session
+from tidegate.ui.templating import render
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+Current = Annotated[Session, Depends(current_session)]
+IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+Kind = Literal["admitted", "refused"]
+PAGE = 50
+SYNC_STATUS = {RunState.SUCCEEDED: 200, RunState.DISCARDED: 502, RunState.CANCELLED: 502}
+"""What a sync caller got for a run in each finished state; 202 while it was running."""
+
+
+def _ingress(request: Request) -> Ingress:
+    ingress: Ingress = request.app.state.ingress
+    return ingress
+
+
+def _rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:
+    return (yield Statement(name, params, dict_row))
+
+
+async def _trigger(request: Request, session: Session, trigger_id: int) -> dict[str, Any]:
+    """The trigger, if the session may see it; 404 otherwise."""
+    found = await _ingress(request).run(
+        _rows("list_triggers", {"project": session.caller.project, "id": trigger_id})
+    )
+    if not found:
+        raise HTTPException(404, f"no trigger {trigger_id}")
+    return found[0]
+
+
+def _keyset(raw: str | None) -> tuple[datetime | None, str | None, int | None]:
+    """``before=<kind>.<id>.<received_at ISO 8601>``: the last row of the page before."""
+    if not raw:
+        return None, None, None
+    kind, _, rest = raw.partition(".")
+    number, _, moment = rest.partition(".")
+    try:
+        if kind not in ("admitted", "refused") or not number.isdigit():
+            raise ValueError
+        return datetime.fromisoformat(moment), kind, int(number)
+    except ValueError:
+        raise HTTPException(422, "before is not a position in this log") from None
+
+
+@router.get("/triggers/{trigger_id}/log")
+async def log(trigger_id: IdPath, request: Request, session: Current) -> HTMLResponse:
+    trigger = await _trigger(request, session, trigger_id)
+    before_at, before_kind, before_id = _keyset(request.query_params.get("before"))
+    found = await _ingress(request).run(
+        _rows(
+            "read_trigger_log",
+            {
+                "trigger_id": trigger_id,
+                "project": session.caller.project,
+                "before_at": before_at,
+                "before_kind": before_kind,
+                "before_id": before_id,
+                "limit": PAGE,
+            },
+        )
+    )
+    for row in found:
+        if row["kind"] == "admitted":
+            row["status"] = _admitted_status(trigger["mode"], row["run_state"])
+            if trigger["mode"] == "sync" and row["run_state"]:
+                row["outcome"] = f"admitted ({row['run_state']})"
+    older = None
+    if len(found) == PAGE:
+        last = found[-1]
+        position = f"{last['kind']}.{last['id']}.{last['received_at'].isoformat()}"
+        older = f"/ui/triggers/{trigger_id}/log?" + urlencode({"before": position})
+    return render(
+        request,
+        "trigger_log.html",
+        trigger=trigger,
+        rows=found,
+        older=older,
+        older_than=before_at,
+    )
+
+
+def _admitted_status(mode: str, run_state: str | None) -> int:
+    if mode == "async" or run_state is None:
+        return 202
+    return SYNC_STATUS.get(RunState(run_state), 202)
+
+
+async def _entry(
+    request: Request, session: Session, trigger_id: int, kind: str, request_id: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    trigger = await _trigger(request, session, trigger_id)
+    found = await _ingress(request).run(
+        _rows(
+            "get_logged_request",
+            {
+                "kind": kind,
+                "id": request_id,
+                "trigger_id": trigger_id,
+                "project": session.caller.project,
+            },
+        )
+    )
+    if not found:
+        raise HTTPException(404, f"no request {request_id} in this log")
+    entry = found[0]
+    if entry["kind"] == "admitted":
+        entry["status"] = 202 if trigger["mode"] == "async" else None
+    return trigger, entry
+
+
+def _payload(request: Request, entry: dict[str, Any]) -> Any:
+    """The body as ingress parsed it; ``InputError`` when it is not JSON tidegate takes."""
+    return parse_json(bytes(entry["body"]), "the body", _ingress(request).settings.max_json_depth)
+
+
+@router.get("/triggers/{trigger_id}/log/{kind}/{request_id}")
+async def logged_request(
+    trigger_id: IdPath, kind: Kind, request_id: IdPath, request: Request, session: Current
+) -> HTMLResponse:
+    """A request as it arrived: headers, body (indented when it is JSON), and Replay."""
+    trigger, entry = await _entry(request, session, trigger_id, kind, request_id)
+    raw = bytes(entry["body"])
+    why_not = ""
+    try:
+        body = json.dumps(_payload(request, entry), indent=2, ensure_ascii=False)
+    except InputError as error:
+        body = raw.decode("utf-8", errors="replace")
+        why_not = f"Cannot be replayed: {error}."
+    if entry["body_truncated"]:
+        why_not = "Cannot be replayed: only the start of its body was kept."
+    return render(
+        request,
+        "request.html",
+        trigger=trigger,
+        entry=entry,
+        body=body,
+        replayable=not why_not,
+        why_not=why_not,
+    )
+
+
+@router.post("/triggers/{trigger_id}/log/{kind}/{request_id}/replay")
+async def replay(
+    trigger_id: IdPath, kind: Kind, request_id: IdPath, request: Request, session: Current
+) -> RedirectResponse:
+    """Enqueue a new run of the trigger's task from this request; go to the run's page."""
+    await check_csrf(request, session)
+    trigger, entry = await _entry(request, session, trigger_id, kind, request_id)
+    if entry["body_truncated"]:
+        raise HTTPException(409, "only the start of this request's body was kept")
+    try:
+        payload = _payload(request, entry)
+    except InputError as error:
+        raise HTTPException(409, f"cannot be replayed: {error}") from None
+    args = {"body": payload, "headers": entry["headers"], "trigger": trigger["name"]}
+    ingress = _ingress(request)
+    new = NewRun(
+        trigger["task"],
+        args,
+        project=trigger["project"],
+        key=trigger["project"],
+        lane=DEFAULT_LANE,
+    )
+    try:
+        runs = await ingress.run(ingress.app.enqueue_steps([new]))
+    except EnqueueError as error:
+        raise HTTPException(409, f"cannot be replayed: {error}") from None
+    return RedirectResponse(f"/ui/runs/{runs[0].id}", status_code=303)

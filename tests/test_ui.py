@@ -1,0 +1,640 @@
+"""The dashboard, ``/ui``, on a real ``tidegate serve --role api`` over HTTP.
+
+Sessions and CSRF, the pages' figures against the tables, the buttons (retry, cancel,
+replay) against the runs they change, keyset pagination, and the rule that a project's
+session sees its own project only, through every page and fragment and by any id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psycopg
+import pytest
+
+from tests.http_fixtures import ADMIN_TOKEN, ApiServer, create_project, create_trigger
+from tidegate import NewRun, Tidegate
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
+@pytest.fixture
+async def client(api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of the API (admin calls, webhooks), signed in to nothing."""
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        yield client
+
+
+class Browser:
+    """A signed-in dashboard session: its client (which holds the cookie) and CSRF token."""
+
+    def __init__(self, client: httpx.AsyncClient, csrf: str) -> None:
+        self.client = client
+        self.csrf = csrf
+
+    async def page(self, path: str, status: int = 200, **headers: str) -> str:
+        response = await self.client.get(path, headers=headers)
+        assert response.status_code == status, (path, response.status_code, response.text)
+        return response.text
+
+    async def post(self, path: str, **fields: str) -> httpx.Response:
+        return await self.client.post(path, data={"csrf_token": self.csrf, **fields})
+
+
+@pytest.fixture
+async def sign_in(api: ApiServer) -> AsyncIterator[Callable[..., Any]]:
+    clients: list[httpx.AsyncClient] = []
+
+    async def open_session(token: str) -> Browser:
+        client = httpx.AsyncClient(base_url=api.url, timeout=20)
+        clients.append(client)
+        response = await client.post("/ui/login", data={"token": token})
+        assert response.status_code == 303, response.text
+        page = (await client.get("/ui/runs")).text
+        found = re.search(r'<meta name="csrf-token" content="([^"]+)">', page)
+        assert found, page
+        return Browser(client, found.group(1))
+
+    yield open_session
+    for client in clients:
+        await client.aclose()
+
+
+def cells(page: str, row_attribute: str, value: str) -> str:
+    """The HTML of the table row whose ``row_attribute`` is ``value``."""
+    found = re.search(rf'<tr {row_attribute}="{re.escape(value)}"[^>]*>(.*?)</tr>', page, re.S)
+    assert found, f"no row {row_attribute}={value!r} in the page"
+    return found.group(1)
+
+
+def attribute_values(page: str, attribute: str) -> list[str]:
+    return re.findall(rf'<tr {attribute}="([^"]*)"', page)
+
+
+def run_state(sql: psycopg.Connection, run_id: int) -> tuple[str, str]:
+    row = sql.execute("SELECT state::text, lane FROM runs WHERE id = %s", [run_id]).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+# -- sessions ---------------------------------------------------------------------------
+
+
+async def test_sign_in_sets_a_strict_cookie_and_sign_out_ends_the_session(
+    api: ApiServer, sql: psycopg.Connection
+) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        form = await client.get("/ui/login")
+        assert form.status_code == 200
+        assert '<form id="login"' in form.text and 'name="token" type="password"' in form.text
+        response = await client.post("/ui/login", data={"token": ADMIN_TOKEN})
+        assert response.status_code == 303 and response.headers["location"] == "/ui/"
+        cookie = response.headers["set-cookie"]
+        flags = {part.strip().lower() for part in cookie.split(";")[1:]}
+        assert {"httponly", "samesite=strict", "path=/ui"} <= flags
+        assert "secure" not in flags  # plain http; over https it is Secure
+        session_id = cookie.split(";")[0].split("=", 1)[1]
+        # The table holds the id's sha256, never the id itself.
+        stored = sql.execute("SELECT id_hash, project FROM ui_sessions").fetchall()
+        assert len(stored) == 1 and stored[0][0] != session_id and stored[0][1] is None
+
+        overview = await client.get("/ui/")
+        assert overview.status_code == 200
+        for label in ("Overview", "Workers", "Projects", "Keys", "Runs", "Sign out"):
+            assert label in overview.text
+        csrf = re.search(r'name="csrf-token" content="([^"]+)"', overview.text)
+        assert csrf
+        out = await client.post("/ui/logout", data={"csrf_token": csrf.group(1)})
+        assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+        assert (
+            'tidegate_session=""' in out.headers["set-cookie"]
+            or "Max-Age=0" in (out.headers["set-cookie"])
+        )
+        assert sql.execute("SELECT count(*) FROM ui_sessions").fetchone() == (0,)
+    # The old cookie, sent again, is no session.
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as other:
+        again = await other.get("/ui/", headers={"Cookie": f"tidegate_session={session_id}"})
+        assert again.status_code == 303 and again.headers["location"] == "/ui/login"
+
+
+async def test_a_wrong_token_gets_401_and_the_form(client: httpx.AsyncClient) -> None:
+    for token in ("tga_wrong", "", "x" * 5000):
+        response = await client.post("/ui/login", data={"token": token})
+        assert response.status_code == 401
+        assert '<form id="login"' in response.text and "Unknown token" in response.text
+        assert "set-cookie" not in response.headers
+
+
+async def test_without_a_session_pages_go_to_sign_in_and_the_rest_gets_401(
+    api: ApiServer, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    for path in ("/ui", "/ui/", "/ui/runs", "/ui/keys", "/ui/runs/1"):
+        response = await client.get(path)
+        assert response.status_code == 303, path
+        assert response.headers["location"] == "/ui/login"
+    for path in ("/ui/fragments/lanes", "/ui/api/activity", "/ui/fragments/runs/1"):
+        assert (await client.get(path)).status_code == 401, path
+    htmx = await client.get("/ui/runs", headers={"HX-Request": "true"})
+    assert htmx.status_code == 401
+    assert (await client.get("/ui/static/htmx.min.js")).status_code == 200
+
+    # A POST without a session is refused from its head: the body it announces is never
+    # waited for.
+    address = urlsplit(api.url)
+    reader, writer = await asyncio.open_connection(address.hostname, address.port)
+    writer.write(
+        b"POST /ui/runs/1/cancel HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\ncsrf"
+    )
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(65536), 2)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.1 401"), answer
+    assert b"connection: close" in answer.lower()
+
+    # An expired session is no session.
+    browser = await sign_in(ADMIN_TOKEN)
+    assert (await browser.client.get("/ui/")).status_code == 200
+    sql.execute("UPDATE ui_sessions SET expires_at = now() - interval '1 second'")
+    assert (await browser.client.get("/ui/")).status_code == 303
+
+
+async def test_a_missing_or_wrong_csrf_token_is_403_and_changes_nothing(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    run = app.enqueue("noop")
+    browser = await sign_in(ADMIN_TOKEN)
+    client = browser.client
+    path = f"/ui/runs/{run.id}/cancel"
+    refused = [
+        await client.post(path),
+        await client.post(path, data={"csrf_token": "wrong"}),
+        await client.post(path, data={"csrf_token": ""}),
+        await client.post(path, headers={"X-CSRF-Token": "wrong", **FORM}),
+        await client.post("/ui/logout", data={"csrf_token": "wrong"}),
+    ]
+    assert [response.status_code for response in refused] == [403] * len(refused)
+    assert run_state(sql, run.id) == ("available", "default")
+    assert sql.execute("SELECT count(*) FROM ui_sessions").fetchone() == (1,)
+    # htmx sends the token as a header (ui.js); that is as good as the form field.
+    accepted = await client.post(path, headers={"X-CSRF-Token": browser.csrf, **FORM})
+    assert accepted.status_code == 303
+    assert run_state(sql, run.id)[0] == "cancelled"
+
+
+# -- runs -------------------------------------------------------------------------------
+
+
+async def test_cancel_and_retry_change_the_run(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    run = app.enqueue("noop", {"n": 1})
+    browser = await sign_in(ADMIN_TOKEN)
+    page = await browser.page(f"/ui/runs/{run.id}")
+    assert '<dd id="run-state" data-state="available">available' in page
+    assert f'<form class="cancel" method="post" action="/ui/runs/{run.id}/cancel">' in page
+    assert 'class="retry"' not in page
+    assert f'hx-get="/ui/fragments/runs/{run.id}" hx-trigger="every 2s"' in page
+    assert "&#34;n&#34;: 1" in page.split('<pre id="run-args">')[1]
+
+    cancelled = await browser.post(f"/ui/runs/{run.id}/cancel")
+    assert cancelled.status_code == 303
+    assert cancelled.headers["location"] == f"/ui/runs/{run.id}"
+    assert run_state(sql, run.id) == ("cancelled", "default")
+    page = await browser.page(f"/ui/runs/{run.id}")
+    assert f'<form class="retry" method="post" action="/ui/runs/{run.id}/retry">' in page
+    assert 'class="cancel"' not in page
+    assert "hx-trigger" not in page.split('<div id="run-live"')[1].split(">")[0]  # finished
+
+    retried = await browser.post(f"/ui/runs/{run.id}/retry")
+    assert retried.status_code == 303
+    assert run_state(sql, run.id) == ("available", "manual")
+    assert (await browser.post(f"/ui/runs/{run.id}/retry")).status_code == 409
+    fragment = await browser.page(f"/ui/fragments/runs/{run.id}", **{"HX-Request": "true"})
+    assert fragment.startswith('<div id="run-live"') and "available" in fragment
+
+
+async def test_a_failed_runs_errors_are_listed_with_tracebacks_for_the_admin_only(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    project_token = _project_token(sql, "acme")
+    run = app.enqueue("noop", project="acme")
+    errors = [
+        {"attempt": 1, "at": "2026-01-01T00:00:00+00:00", "error": "ValueError: first"},
+        {
+            "attempt": 2,
+            "at": "2026-01-01T00:00:01+00:00",
+            "error": "KeyError: second",
+            "traceback": "Traceback: in /srv/secret_file.py",
+        },
+    ]
+    sql.execute(
+        "UPDATE runs SET state = 'discarded', errors = %s, result = %s, completed_at = now()"
+        " WHERE id = %s",
+        [json.dumps(errors), json.dumps({"partial": True}), run.id],
+    )
+    admin = await sign_in(ADMIN_TOKEN)
+    page = await admin.page(f"/ui/runs/{run.id}")
+    listed = page.split('<ol id="run-errors">')[1].split("</ol>")[0]
+    assert listed.count("<li>") == 2 and "first" in listed and "second" in listed
+    assert "secret_file.py" in listed
+    assert "&#34;partial&#34;: true" in page.split('<pre id="run-result">')[1]
+    project = await sign_in(project_token)
+    page = await project.page(f"/ui/runs/{run.id}")
+    assert "second" in page and "secret_file.py" not in page
+
+
+async def test_the_run_list_pages_back_through_every_run_once(app: Tidegate, sign_in: Any) -> None:
+    made = app.enqueue_many(
+        [NewRun("noop", lane="default") for _ in range(75)]
+        + [NewRun("record", lane="bulk", key="k1") for _ in range(60)]
+    )
+    browser = await sign_in(ADMIN_TOKEN)
+
+    async def walk(path: str) -> list[int]:
+        seen: list[int] = []
+        while path:
+            page = await browser.page(path)
+            seen += [int(value) for value in attribute_values(page, "data-run")]
+            older = re.search(r'<a class="older" href="([^"]+)">Older</a>', page)
+            path = older.group(1).replace("&amp;", "&") if older else ""
+        return seen
+
+    every = await walk("/ui/runs")
+    assert every == sorted((run.id for run in made), reverse=True)
+    assert await walk("/ui/runs?lane=bulk&task=record") == sorted(
+        (run.id for run in made[75:]), reverse=True
+    )
+    assert await walk("/ui/runs?key=k1&state=available") == sorted(
+        (run.id for run in made[75:]), reverse=True
+    )
+    assert await walk("/ui/runs?state=running") == []
+    row = cells(await browser.page("/ui/runs?lane=bulk"), "data-run", str(made[-1].id))
+    assert '<td class="state" data-state="available">available</td>' in row
+    assert "record" in row and "k1" in row and "0/20" in row
+    response = await browser.client.get("/ui/runs?state=nonsense")
+    assert response.status_code == 422
+
+
+# -- the webhook log and replay -----------------------------------------------------------
+
+
+async def test_the_webhook_log_merges_admitted_and_refused_requests_newest_first(
+    client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "orders", mode="async", task="noop")
+    for n in range(40):
+        assert (await client.post(trigger["url"], json={"n": n})).status_code == 202
+    # Refused requests, as the ingress ledger writes them, at the same times as some
+    # admitted ones (ties are broken by kind, then id) and between them.
+    sql.execute(
+        "INSERT INTO request_log (trigger_id, project, outcome, status, detail, headers, body,"
+        " body_truncated, received_at)"
+        " SELECT %(trigger)s, 'acme', 'rate_limited', 429, 'the project''s ingest rate',"
+        " '{}'::jsonb, '{}'::bytea, false, received_at FROM requests WHERE id %% 3 = 0"
+        " UNION ALL"
+        " SELECT %(trigger)s, 'acme', 'bad_json', 400, 'malformed', '{}', 'nope', false,"
+        " received_at + interval '1 microsecond' FROM requests WHERE id %% 4 = 0",
+        {"trigger": trigger["id"]},
+    )
+    truth = sql.execute(
+        "SELECT kind, id FROM ("
+        " SELECT 'admitted' AS kind, id, received_at FROM requests"
+        " UNION ALL SELECT 'refused', id, received_at FROM request_log) AS merged"
+        " ORDER BY received_at DESC, kind DESC, id DESC"
+    ).fetchall()
+    browser = await sign_in(ADMIN_TOKEN)
+    seen: list[tuple[str, int]] = []
+    path = f"/ui/triggers/{trigger['id']}/log"
+    while path:
+        page = await browser.page(path)
+        seen += [
+            (kind, int(number))
+            for kind, number in re.findall(
+                rf'href="/ui/triggers/{trigger["id"]}/log/(admitted|refused)/(\d+)"', page
+            )
+        ]
+        older = re.search(r'<a class="older" href="([^"]+)">Older</a>', page)
+        path = older.group(1).replace("&amp;", "&") if older else ""
+    assert seen == [tuple(row) for row in truth] and len(seen) == 40 + 13 + 10
+    first = await browser.page(f"/ui/triggers/{trigger['id']}/log")
+    assert '<tr data-outcome="admitted" data-status="202">' in first
+    assert '<tr data-outcome="rate_limited" data-status="429">' in first
+
+
+async def test_replay_enqueues_the_trigger_task_with_the_same_args(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    sign_in: Any,
+    start_worker_process: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    start_worker_process("fast_lane:1 manual>*:1")
+    await create_project(client, "acme")
+    orders = await create_trigger(client, "acme", "orders", mode="async", task="noop")
+    quote = await create_trigger(client, "acme", "quote", mode="sync", task="echo")
+    accepted = await client.post(orders["url"], json={"order": 1}, headers={"X-Shop": "s1"})
+    assert accepted.status_code == 202
+    answered = await client.post(quote["url"], json={"q": "hi"})
+    assert answered.status_code == 200, answered.text
+    browser = await sign_in(ADMIN_TOKEN)
+
+    for trigger, reply in ((orders, accepted), (quote, answered)):
+        original = int(reply.headers["location"].rsplit("/", 1)[1])
+        request_id = sql.execute("SELECT id FROM requests WHERE run_id = %s", [original]).fetchone()
+        assert request_id
+        path = f"/ui/triggers/{trigger['id']}/log/admitted/{request_id[0]}"
+        page = await browser.page(path)
+        assert '<form class="replay" method="post"' in page and "disabled" not in page
+        assert "x-shop" in page or trigger is quote
+        replayed = await browser.post(path + "/replay")
+        assert replayed.status_code == 303
+        new_id = int(replayed.headers["location"].rsplit("/", 1)[1])
+        assert new_id != original
+        rows = sql.execute(
+            "SELECT args, task, project, key, lane FROM runs WHERE id IN (%s, %s) ORDER BY id",
+            [original, new_id],
+        ).fetchall()
+        assert rows[1][0] == rows[0][0]  # the same {"body", "headers", "trigger"}
+        assert rows[1][0]["trigger"] == trigger["name"]
+        assert rows[1][1:4] == rows[0][1:4]
+        assert rows[1][4] == "default"  # a sync trigger's replay too: nobody waits for it
+
+    # A refused request whose body was kept truncated cannot be replayed.
+    sql.execute(
+        "INSERT INTO request_log (trigger_id, project, outcome, status, detail, headers, body,"
+        " body_truncated, received_at)"
+        " VALUES (%s, 'acme', 'too_large', 413, 'body over', '{}', '{\"a\": 1', true, now())",
+        [orders["id"]],
+    )
+    logged = sql.execute("SELECT max(id) FROM request_log").fetchone()
+    assert logged
+    path = f"/ui/triggers/{orders['id']}/log/refused/{logged[0]}"
+    page = await browser.page(path)
+    assert '<button type="submit" disabled>Replay</button>' in page
+    assert 'id="replay-reason"' in page
+    before = sql.execute("SELECT count(*) FROM runs").fetchone()
+    assert (await browser.post(path + "/replay")).status_code == 409
+    assert sql.execute("SELECT count(*) FROM runs").fetchone() == before
+
+
+# -- the cluster pages --------------------------------------------------------------------
+
+
+async def test_the_overview_shows_each_lanes_depth_and_the_activity_counts(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    app.enqueue_many([NewRun("noop", lane="bulk") for _ in range(4)])
+    app.enqueue_many([NewRun("noop", lane="bulk", delay=3600) for _ in range(2)])
+    sql.execute(
+        "INSERT INTO minute_counts (minute, source, project, lane, outcome, count) VALUES"
+        " (date_trunc('minute', now()), 'attempt', '', 'bulk', 'succeeded', 7),"
+        " (date_trunc('minute', now()), 'attempt', '', 'bulk', 'failed', 2),"
+        " (date_trunc('minute', now()) - interval '5 minutes', 'admission', 'acme', '',"
+        "  'admitted', 3),"
+        " (date_trunc('minute', now()) - interval '2 hours', 'admission', 'acme', '',"
+        "  'admitted', 100)"
+    )
+    browser = await sign_in(ADMIN_TOKEN)
+    page = await browser.page("/ui/")
+    assert '<table id="lanes">' in page
+    assert 'hx-get="/ui/fragments/lanes" hx-trigger="every 2s"' in page
+    assert '<div id="throughput-chart"' in page and '<div id="admissions-chart"' in page
+    row = cells(page, "data-lane", "bulk")
+    assert '<td data-state="available" class="num">4</td>' in row
+    assert '<td data-state="scheduled" class="num">2</td>' in row
+    assert '<td class="lag num">' in row
+    fragment = await browser.page("/ui/fragments/lanes", **{"HX-Request": "true"})
+    assert '<tr data-lane="bulk">' in fragment and "<html" not in fragment
+
+    activity = (await browser.client.get("/ui/api/activity")).json()
+    assert len(activity["minutes"]) == 30
+    assert activity["throughput"]["series"] == ["bulk"]
+    assert activity["throughput"]["counts"] == [[0] * 29 + [9]]
+    assert activity["admissions"]["series"] == ["admitted"]
+    assert activity["admissions"]["counts"][0][24] == 3
+    assert sum(activity["admissions"]["counts"][0]) == 3  # two hours ago is out
+
+
+async def test_the_workers_page_lists_each_worker_and_its_workloops(
+    sql: psycopg.Connection, sign_in: Any
+) -> None:
+    loops = [
+        {"chain": ["fast_lane"], "slots": 1, "busy": 0},
+        {"chain": ["manual", "*"], "slots": 4, "busy": 3},
+    ]
+    sql.execute(
+        "INSERT INTO workers (id, host, pid, workloops, tasks) VALUES"
+        " ('w-1', 'host-a', 41, %s, '{noop,echo}')",
+        [json.dumps(loops)],
+    )
+    browser = await sign_in(ADMIN_TOKEN)
+    row = cells(await browser.page("/ui/workers"), "data-worker", "w-1")
+    assert "host-a/41" in row and "<code>manual&gt;*</code> 3/4" in row
+    assert "<code>fast_lane</code> 0/1" in row and "noop, echo" in row
+
+
+async def test_the_projects_page_counts_refusals_by_status_class(
+    client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    await create_project(client, "acme", fast_lane_cap=3, ingest_rate=5, ingest_burst=10)
+    sql.execute(
+        "INSERT INTO minute_counts (minute, source, project, lane, outcome, count)"
+        " SELECT date_trunc('minute', now()) - make_interval(mins => m), 'admission', 'acme',"
+        " '', outcome, n FROM (VALUES (0, 'rate_limited', 2), (3, 'over_cap', 1),"
+        " (1, 'no_worker', 4), (2, 'backlog_full', 1), (0, 'bad_json', 5),"
+        " (0, 'admitted', 50), (0, 'replayed', 6), (30, 'rate_limited', 100))"
+        " AS c(m, outcome, n)"
+    )
+    browser = await sign_in(ADMIN_TOKEN)
+    page = await browser.page("/ui/projects")
+    row = cells(page, "data-project", "acme")
+    figures = re.findall(r'<td class="num">([^<]*)</td>', row)
+    assert figures == ["0 / 3", "5", "10", "none", "3", "5", "5"]
+
+
+async def test_the_keys_page_shows_policies_and_what_holds_each_key(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    app.set_key_policy("default", "*", weight=2)
+    app.set_key_policy("default", "capped", max_running=1)
+    app.set_key_policy("default", "slow", rate=0.01, rate_burst=1)
+    app.enqueue_many(
+        [NewRun("noop", key="capped") for _ in range(3)]
+        + [NewRun("noop", key="slow") for _ in range(2)]
+        + [NewRun("noop", key="free") for _ in range(5)]
+    )
+    sql.execute(
+        "UPDATE runs SET state = 'running' WHERE id = (SELECT min(id) FROM runs"
+        " WHERE key = 'capped')"
+    )
+    sql.execute("INSERT INTO key_rates (lane, key, tat) VALUES ('default', 'slow', now() + '1h')")
+    browser = await sign_in(ADMIN_TOKEN)
+    page = await browser.page("/ui/keys")
+
+    def figures(key: str) -> list[str]:
+        row = cells(page, 'data-lane="default" data-key', key)
+        return re.findall(r'<td class="(?:num|held)">([^<]*)</td>', row)
+
+    # max running, weight, rate, burst, in flight, waiting, held by
+    assert figures("capped") == ["1", "2", "", "1", "1", "2", "cap"]
+    assert figures("slow") == ["", "2", "0.01", "1", "0", "2", "rate"]
+    assert figures("free") == ["", "2", "", "1", "0", "5", ""]
+    assert figures("*") == ["", "2", "", "1", "", "", ""]
+
+
+# -- isolation ----------------------------------------------------------------------------
+
+
+def _project_token(sql: psycopg.Connection, project: str) -> str:
+    from tidegate.projects import hash_token
+
+    token = f"tgp_{project}-token"
+    sql.execute(
+        "INSERT INTO projects (id, token_hash) VALUES (%s, %s)"
+        " ON CONFLICT (id) DO UPDATE SET token_hash = excluded.token_hash",
+        [project, hash_token(token)],
+    )
+    return token
+
+
+async def test_a_project_session_sees_its_own_project_only(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    alpha = await create_project(client, "alpha")
+    await create_project(client, "bravo-corp")
+    alpha_hook = await create_trigger(client, "alpha", "alpha-orders", mode="async", task="noop")
+    bravo_hook = await create_trigger(
+        client, "bravo-corp", "bravo-secret-trigger", mode="async", task="noop"
+    )
+    assert (await client.post(alpha_hook["url"], json={"alpha": "hello"})).status_code == 202
+    reply = await client.post(bravo_hook["url"], json={"bravo": "bravo-secret-body"})
+    assert reply.status_code == 202
+    bravo_request = sql.execute("SELECT id FROM requests WHERE project = 'bravo-corp'").fetchone()
+    alpha_request = sql.execute("SELECT id FROM requests WHERE project = 'alpha'").fetchone()
+    assert bravo_request and alpha_request
+    sql.execute(
+        "INSERT INTO request_log (trigger_id, project, outcome, status, detail, headers, body,"
+        " body_truncated, received_at) VALUES"
+        " (%s, 'bravo-corp', 'bad_json', 400, 'x', '{}', 'bravo-secret-body', false, now())",
+        [bravo_hook["id"]],
+    )
+    bravo_logged = sql.execute("SELECT id FROM request_log").fetchone()
+    assert bravo_logged
+    app.set_key_policy("default", "*", weight=1)
+    app.set_key_policy("default", "alpha-key", max_running=2)
+    app.set_key_policy("default", "bravo-secret-key", max_running=1)
+    app.set_key_policy("bravo_lane", "bravo-other-key", max_running=1)
+    alpha_runs = app.enqueue_many(
+        [NewRun("noop", project="alpha", key="alpha-key") for _ in range(3)]
+    )
+    bravo_runs = app.enqueue_many(
+        [NewRun("noop", project="bravo-corp", key="bravo-secret-key") for _ in range(3)]
+        + [NewRun("noop", project="bravo-corp", key="bravo-other-key", lane="bravo_lane")]
+    )
+    sql.execute("UPDATE runs SET state = 'running' WHERE id = %s", [bravo_runs[0].id])
+    sql.execute("UPDATE runs SET state = 'discarded' WHERE id = %s", [bravo_runs[1].id])
+    sql.execute(
+        "INSERT INTO minute_counts (minute, source, project, lane, outcome, count) VALUES"
+        " (date_trunc('minute', now()), 'admission', 'alpha', '', 'admitted', 1),"
+        " (date_trunc('minute', now()), 'admission', 'bravo-corp', '', 'bad_signature', 9),"
+        " (date_trunc('minute', now()), 'attempt', '', 'bravo_lane', 'succeeded', 4)"
+    )
+    secrets = [
+        "bravo-corp",
+        "bravo-secret-trigger",
+        "bravo-secret-body",
+        "bravo-secret-key",
+        "bravo-other-key",
+        "bravo_lane",
+        "bad_signature",
+    ]
+    secrets += [f'data-run="{run.id}"' for run in bravo_runs]
+    secrets += [f'/ui/runs/{run.id}"' for run in bravo_runs]
+
+    # The super admin sees B's things: the checks below are not vacuous.
+    admin = await sign_in(ADMIN_TOKEN)
+    seen_by_admin = "".join(
+        [
+            await admin.page("/ui/runs"),
+            await admin.page("/ui/keys"),
+            await admin.page("/ui/projects"),
+            await admin.page(f"/ui/triggers/{bravo_hook['id']}/log"),
+            await admin.page(f"/ui/triggers/{bravo_hook['id']}/log/admitted/{bravo_request[0]}"),
+            (await admin.client.get("/ui/api/activity")).text,
+        ]
+    )
+    for secret in secrets:
+        assert secret in seen_by_admin, secret
+
+    browser = await sign_in(alpha["token"])
+    b_run = bravo_runs[2].id
+    pages = [
+        "/ui/",
+        "/ui/api/activity",
+        "/ui/projects",
+        "/ui/projects/alpha",
+        "/ui/keys",
+        "/ui/runs",
+        "/ui/runs?project=bravo-corp",  # held to its own project whatever it asks
+        f"/ui/runs?before={b_run + 1}",
+        f"/ui/runs/{alpha_runs[0].id}",
+        f"/ui/fragments/runs/{alpha_runs[0].id}",
+        f"/ui/triggers/{alpha_hook['id']}/log",
+        f"/ui/triggers/{alpha_hook['id']}/log/admitted/{alpha_request[0]}",
+    ]
+    seen = ""
+    for path in pages:
+        seen += await browser.page(path)
+    # Filters naming B's key or lane find nothing (the form shows them back: not counted).
+    for path in ("/ui/runs?key=bravo-secret-key", "/ui/runs?lane=bravo_lane&state=available"):
+        assert attribute_values(await browser.page(path), "data-run") == []
+    not_found = [
+        "/ui/workers",
+        "/ui/fragments/lanes",
+        "/ui/projects/bravo-corp",
+        f"/ui/runs/{b_run}",
+        f"/ui/fragments/runs/{b_run}",
+        f"/ui/triggers/{bravo_hook['id']}/log",
+        f"/ui/triggers/{bravo_hook['id']}/log/admitted/{bravo_request[0]}",
+        f"/ui/triggers/{bravo_hook['id']}/log/refused/{bravo_logged[0]}",
+        # B's request named under A's trigger: still not A's.
+        f"/ui/triggers/{alpha_hook['id']}/log/admitted/{bravo_request[0]}",
+        f"/ui/triggers/{alpha_hook['id']}/log/refused/{bravo_logged[0]}",
+    ]
+    for path in not_found:
+        response = await browser.client.get(path)
+        assert response.status_code == 404, (path, response.status_code)
+        assert set(response.json()) == {"title", "status"}  # says what was asked, no more
+    for path in (
+        f"/ui/runs/{b_run}/cancel",
+        f"/ui/runs/{bravo_runs[1].id}/retry",
+        f"/ui/triggers/{bravo_hook['id']}/log/admitted/{bravo_request[0]}/replay",
+        f"/ui/triggers/{alpha_hook['id']}/log/admitted/{bravo_request[0]}/replay",
+    ):
+        response = await browser.post(path)
+        assert response.status_code == 404, (path, response.status_code)
+        assert set(response.json()) == {"title", "status"}
+    for secret in secrets:
+        assert secret not in seen, secret
+    assert run_state(sql, b_run)[0] == "available"
+    assert run_state(sql, bravo_runs[1].id)[0] == "discarded"
+
+    # What A does see is A's.
+    assert attribute_values(await browser.page("/ui/runs"), "data-run") == [
+        str(row[0])
+        for row in sql.execute("SELECT id FROM runs WHERE project = 'alpha' ORDER BY id DESC")
+    ]
+    assert attribute_values(await browser.page("/ui/projects"), "data-project") == ["alpha"]
+    keys = re.findall(r'<tr data-lane="([^"]*)" data-key="([^"]*)"', await browser.page("/ui/keys"))
+    assert keys == [("default", "*"), ("default", "alpha-key"), ("default", "alpha")]
+    activity = (await browser.client.get("/ui/api/activity")).json()
+    assert activity["throughput"] is None
+    assert activity["admissions"]["series"] == ["admitted"]
