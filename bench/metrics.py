@@ -9,8 +9,9 @@
 Fills a schema of its own (``bench_metrics_<hex>``, dropped after) with ``--runs`` runs:
 88% succeeded, 10% available over four lanes (a hot ``default`` and three smaller ones),
 1.5% scheduled, 0.5% pending, a few running; 1,000 projects with fast-lane runs in
-flight; 20 live workers, each with counters of finished attempts in 240 series (20
-tasks, 2 lanes, 6 outcomes), and as many retired. Then it times the scrape's statements
+flight; 20 live workers, each with counters of finished attempts in 320 series (20
+tasks, 2 lanes, 8 outcomes), and as many retired; webhook answers of the 1,000 projects
+in 6 series each. Then it times the scrape's statements
 (``read_figures``, as the API runs them, on one connection, prepared after the first
 few) twice: right after the fill and an ANALYZE, when the visibility map is still empty
 and an index-only count reads the heap, and after a VACUUM. Each figure is the median
@@ -85,7 +86,15 @@ def fill(conn: psycopg.Connection, runs: int) -> None:
         " FROM (SELECT 'retired' UNION ALL SELECT 'w' || i FROM generate_series(1, 20) AS i)"
         " AS w(w), generate_series(1, 20) AS t, unnest(ARRAY['default', 'manual']) AS l,"
         " unnest(ARRAY['succeeded', 'failed', 'retry_requested', 'discarded', 'cancelled',"
-        " 'late']) AS o"
+        " 'late', 'rescued', 'claimed']) AS o"
+    )
+    conn.execute(
+        "INSERT INTO ingress_counters"
+        " SELECT p, m, o, s, 1000, 2.5, array_fill(50::bigint, ARRAY[15])"
+        " FROM (SELECT 'p' || i FROM generate_series(0, 999) AS i) AS p(p),"
+        " (VALUES ('async', 'admitted', 202), ('async', 'rate_limited', 429),"
+        " ('async', 'replayed', 202), ('sync', 'admitted', 200), ('sync', 'over_cap', 429),"
+        " ('sync', 'no_capacity', 503)) AS a(m, o, s)"
     )
 
 

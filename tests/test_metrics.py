@@ -7,6 +7,7 @@ with what the tables hold.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from collections.abc import Callable
@@ -281,7 +282,8 @@ async def test_attempts_add_up_across_workers_restarts_and_dead_workers(
             {("noop", "default", "succeeded"): 3, ("async_sleep", "default", "succeeded"): 4},
         )
         rows = sql.execute(
-            "SELECT worker_id, attempts FROM worker_counters WHERE task = 'async_sleep'"
+            "SELECT worker_id, attempts FROM worker_counters"
+            " WHERE task = 'async_sleep' AND outcome = 'succeeded'"
         ).fetchall()
         assert sorted(attempts for _, attempts in rows) == [2, 2], rows
         # A worker that died without a word left its rows: a live worker folds them.
@@ -314,3 +316,39 @@ async def test_attempts_add_up_across_workers_restarts_and_dead_workers(
     assert sql.execute("SELECT DISTINCT worker_id FROM worker_counters").fetchall() == [
         ("retired",)
     ]
+
+
+async def test_waits_from_due_to_claimed_and_rescued_attempts_are_counted(
+    app: Tidegate, sql: psycopg.Connection, api: ApiServer
+) -> None:
+    app.enqueue_many([NewRun("noop") for _ in range(4)])
+    # A run whose worker died holding it: its lease has lapsed.
+    stuck = app.enqueue("noop", lane="manual")
+    sql.execute(
+        "UPDATE runs SET state = 'running', worker_id = 'gone:1:x', attempt = 1,"
+        " attempted_at = now(), lease_expires_at = now() - interval '1 second'"
+        " WHERE id = %s",
+        [stuck.id],
+    )
+    await asyncio.sleep(0.3)  # the runs wait at least this long before a worker is there
+    async with running_worker(app, "*:2"):
+        samples = await scraped_attempts(
+            api,
+            {
+                ("noop", "default", "succeeded"): 4,
+                ("noop", "manual", "rescued"): 1,
+                ("noop", "manual", "succeeded"): 1,
+            },
+        )
+        await wait_until(
+            lambda: len(series(scrape(api), "tidegate_claim_wait_seconds_count")) == 2, 10
+        )
+        samples = scrape(api)
+    counts = series(samples, "tidegate_claim_wait_seconds_count")
+    assert counts == {(("lane", "default"),): 4, (("lane", "manual"),): 1}
+    waits = series(samples, "tidegate_claim_wait_seconds_bucket")
+    assert waits[(("lane", "default"), ("le", "0.1"))] == 0
+    assert waits[(("lane", "default"), ("le", "+Inf"))] == 4
+    assert series(samples, "tidegate_claim_wait_seconds_sum")[(("lane", "default"),)] >= 1.2
+    # The rescued attempt had no handler time: it is no part of the durations.
+    assert series(samples, "tidegate_run_duration_seconds_count") == {(("task", "noop"),): 5}

@@ -26,6 +26,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -43,6 +44,7 @@ from tidegate.settings import Settings
 from tidegate.storage.database import Database
 from tidegate.storage.migrate import migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive
+from tidegate.tracing import Span, span
 
 DEFAULT_LANE = "default"
 MAX_ATTEMPTS = 1000
@@ -191,7 +193,9 @@ class Tidegate:
 
     def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Enqueue runs in one statement; return them in input order."""
-        return self.execute(self.enqueue_steps(list(runs)))
+        rows = [self._row(n) for n in runs]
+        with _enqueue_span(rows):
+            return self.execute(self._enqueue_steps(rows))
 
     async def aenqueue(
         self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
@@ -201,14 +205,18 @@ class Tidegate:
 
     async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Async form of ``enqueue_many``."""
-        return await self.aexecute(self.enqueue_steps(list(runs)))
+        rows = [self._row(n) for n in runs]
+        with _enqueue_span(rows):
+            return await self.aexecute(self._enqueue_steps(rows))
 
     def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         """The steps of ``enqueue_many``, for a caller that runs them on a connection of
         its own (the API process, on its pool: the dashboard's Replay)."""
-        if not new:
+        return (yield from self._enqueue_steps([self._row(n) for n in new]))
+
+    def _enqueue_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
+        if not rows:
             return []
-        rows = [self._row(n) for n in new]
         yield from self._warn_of_tasks_without_worker(rows)
         if len(rows) == 1:
             one = {**rows[0], "args": json.dumps(rows[0]["args"], default=_iso)}
@@ -250,8 +258,8 @@ class Tidegate:
             ]
         if any(run is None for run in results):
             # The original was pruned between the insert and the read: insert again.
-            missing = [n for n, run in zip(new, results, strict=True) if run is None]
-            again = iter((yield from self.enqueue_steps(missing)))
+            missing = [row for row, run in zip(rows, results, strict=True) if run is None]
+            again = iter((yield from self._enqueue_steps(missing)))
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 
@@ -492,3 +500,9 @@ def _scheduled_at(n: NewRun) -> datetime | None:
     if not timedelta(0) <= delay <= MAX_DELAY:
         raise EnqueueError(f"delay must be 0 to {MAX_DELAY.days} days, got {n.delay!r}")
     return datetime.now(UTC) + delay
+
+
+def _enqueue_span(rows: list[dict[str, Any]]) -> AbstractContextManager[Span]:
+    """The span of one enqueue (tracing.py): how many runs, the first one's task and lane."""
+    first = rows[0] if rows else {"task": "", "lane": ""}
+    return span("enqueue", runs=len(rows), task=first["task"], lane=first["lane"])

@@ -70,6 +70,19 @@ class Run:
     """The claim order within a lane: ``vtime + priority * 64``."""
 
     @property
+    def fields(self) -> dict[str, str | int]:
+        """What names the run where it is observed: the same names in the metrics' labels,
+        the JSON log lines' fields and the spans' attributes."""
+        return {
+            "run_id": self.id,
+            "task": self.task,
+            "lane": self.lane,
+            "key": self.key,
+            "project": self.project,
+            "attempt": self.attempt,
+        }
+
+    @property
     def reason(self) -> str | None:
         """Why the run is not moving, when that is not plain waiting for its turn."""
         if self.state is RunState.PENDING:

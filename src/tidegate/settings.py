@@ -53,6 +53,8 @@ DEFAULT_LOG_FORMAT = "text"
 DEFAULT_METRICS_MAX_LANES = 100
 DEFAULT_METRICS_MAX_PROJECTS = 100
 DEFAULT_UI_SESSION_SECONDS = 12 * 3600.0
+DEFAULT_WEBHOOK_LOG_SIZE = 1000
+DEFAULT_WEBHOOK_LOG_BODY_BYTES = 64 * 1024
 LOG_FORMATS = ("text", "json")
 
 MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
@@ -71,6 +73,8 @@ COUNT_BOUNDS = {
     "port": (0, 65535),
     "metrics_max_lanes": (3, 10_000),
     "metrics_max_projects": (0, 10_000),
+    "webhook_log_size": (0, 1_000_000),
+    "webhook_log_body_bytes": (0, 104_857_600),
 }
 """The range of each whole-number setting: what the columns and the code can hold."""
 
@@ -131,6 +135,11 @@ class Settings:
     """The most projects ``/metrics`` reports (the busiest): a project is a label value."""
     ui_session_seconds: float = DEFAULT_UI_SESSION_SECONDS
     """How long a dashboard session lasts after signing in (``/ui``); then sign in again."""
+    webhook_log_size: int = DEFAULT_WEBHOOK_LOG_SIZE
+    """The most refused (or replayed) requests the webhook log keeps per trigger; admitted
+    ones are kept with their runs, for ``retention_seconds``."""
+    webhook_log_body_bytes: int = DEFAULT_WEBHOOK_LOG_BODY_BYTES
+    """How much of a refused request's body the webhook log keeps."""
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

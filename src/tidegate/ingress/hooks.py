@@ -18,22 +18,27 @@ import json
 import logging
 import math
 import re
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
 from tidegate.ingress.guard import CLOSE
-from tidegate.ingress.server import Ingress, problem, problem_responses
+from tidegate.ingress.ledger import LoggedRequest
+from tidegate.ingress.server import Ingress, database_problem, problem, problem_responses
 from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text, parse_json
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
+from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
 
 router = APIRouter(tags=["webhooks"])
 log = logging.getLogger("tidegate.ingress")
@@ -54,6 +59,16 @@ FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,8192}")
 FRAMING_FIELDS = frozenset({"content-length", "transfer-encoding", "connection"})
 NO_CONTENT = frozenset({204, 205, 304})
 """Fields the server sets from the reply itself; a handler's would contradict them."""
+
+
+OUTCOMES = {
+    400: "bad_request",
+    401: "bad_signature",
+    404: "unknown_trigger",
+    413: "too_large",
+    415: "not_json",
+}
+"""The outcome of a request refused before admission, by its status."""
 
 
 class BodyTooLarge(Exception):
@@ -103,17 +118,91 @@ class Trigger:
 async def receive(token: str, request: Request) -> Response:
     """Receive one webhook."""
     ingress: Ingress = request.app.state.ingress
+    started = time.monotonic()
+    note = Note(received_at=datetime.now(UTC))
+    with span("admit") as admitting:
+        try:
+            response = await _receive(ingress, token, request, note)
+        except psycopg.Error as error:
+            response = database_problem(error, request.method, request.url.path)
+            note.outcome = "unavailable" if response.status_code == 503 else None
+        _record(ingress, note, response, time.monotonic() - started, admitting)
+    return response
+
+
+@dataclass
+class Note:
+    """What is known of a webhook as it is validated and admitted: what the ledger keeps."""
+
+    received_at: datetime
+    trigger: Trigger | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes | None = None
+    """None while the body is unread (a refusal before it: the log keeps none)."""
+    content_type: str | None = None
+    idempotency_key: str | None = None
+    outcome: str | None = None
+    """The admission's decision, once made; until then the status says (``OUTCOMES``)."""
+    run_id: int | None = None
+
+
+def _record(
+    ingress: Ingress, note: Note, response: Response, seconds: float, admitting: Span
+) -> None:
+    """Count the answer; keep a request to a known trigger that made no run for the log."""
+    status = response.status_code
+    outcome = note.outcome or OUTCOMES.get(status, f"status_{status}")
+    trigger = note.trigger
+    project, mode = (trigger.project, trigger.mode) if trigger else ("", "")
+    ingress.ledger.count(project, mode, outcome, status, seconds)
+    admitting.note(project=project, mode=mode, outcome=outcome, **{STATUS_ATTRIBUTE: status})
+    if trigger is not None:
+        admitting.note(trigger=trigger.name)
+    if note.run_id is not None:
+        admitting.note(run_id=note.run_id)
+    if trigger is None or outcome == "admitted":
+        return
+    body = note.body or b""
+    limit = ingress.settings.webhook_log_body_bytes
+    detail = ""
+    if response.media_type == "application/problem+json":
+        detail = json.loads(bytes(response.body)).get("title", "")
+    ingress.ledger.keep(
+        LoggedRequest(
+            trigger_id=trigger.id,
+            project=trigger.project,
+            outcome=outcome,
+            status=status,
+            detail=detail,
+            run_id=note.run_id,
+            idempotency_key=note.idempotency_key,
+            content_type=note.content_type,
+            headers=note.headers,
+            body=body[:limit],
+            body_truncated=note.body is None or len(body) > limit,
+            received_at=note.received_at,
+        )
+    )
+
+
+async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -> Response:
     settings = ingress.settings
     found = await ingress.run(_find_trigger(token)) if len(token) <= MAX_TOKEN_CHARS else None
-    if found is None or not found.enabled:
+    if found is None:
         return problem(404, "unknown trigger")
     trigger: Trigger = found
+    note.trigger = trigger
+    # The headers kept with the request count against the same limit as the body.
+    headers = {k: v for k, v in request.headers.items() if k not in KEPT_HEADERS_EXCLUDED}
+    note.headers = headers
+    note.content_type = request.headers.get("content-type")
+    if not trigger.enabled:
+        note.outcome = "disabled"
+        return problem(404, "unknown trigger")
     limit = min(trigger.max_body_bytes, settings.max_body_bytes)
     declared = request.headers.get("content-length")
     if declared is not None and int(declared) > limit:  # digits: the Guard checked
         return problem(413, f"body over {limit} bytes", CLOSE, max_bytes=limit)
-    # The headers kept with the request count against the same limit as the body.
-    headers = {k: v for k, v in request.headers.items() if k not in KEPT_HEADERS_EXCLUDED}
     headers_size = sum(len(k) + len(v) for k, v in headers.items())
     if headers_size >= limit:
         return problem(413, f"headers and body over {limit} bytes", CLOSE, max_bytes=limit)
@@ -121,6 +210,7 @@ async def receive(token: str, request: Request) -> Response:
         body = await _read_body(request, limit - headers_size)
     except BodyTooLarge:
         return problem(413, f"headers and body over {limit} bytes", CLOSE, max_bytes=limit)
+    note.body = body
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     if not (
@@ -156,11 +246,14 @@ async def receive(token: str, request: Request) -> Response:
             check_text(idempotency_key, "the idempotency key")
         except InputError as error:
             return problem(400, str(error))
+        note.idempotency_key = idempotency_key
 
     lane = FAST_LANE if trigger.mode == "sync" else "default"
     decision = await ingress.run(
         _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
     )
+    note.outcome = decision["decision"]
+    note.run_id = decision["run_id"]
     return await _answer(ingress, trigger, decision)
 
 

@@ -31,10 +31,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tidegate.ingress.auth import BEARER
+from tidegate.ingress.ledger import ANSWER_BUCKETS
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress
 from tidegate.settings import Settings
 from tidegate.storage.sql import Statement, Steps
-from tidegate.worker.counters import DURATION_BUCKETS
+from tidegate.worker.counters import CLAIMED, DURATION_BUCKETS, Tally
 
 COUNT_CAP = 10_000
 """How many runs of a lane in a state a scrape counts; a depth past it is estimated."""
@@ -88,6 +89,18 @@ class Attempts:
 
 
 @dataclass(frozen=True)
+class Answers:
+    """The webhooks answered alike, all API processes together (ingress/ledger.py)."""
+
+    project: str
+    """'' when the trigger was unknown, '(other)' past the busiest projects."""
+    mode: str
+    outcome: str
+    status: int
+    requests: int
+
+
+@dataclass(frozen=True)
 class Figures:
     """What one scrape read from the database."""
 
@@ -97,6 +110,9 @@ class Figures:
     workloops: list[Workloop]
     projects: list[ProjectFigures]
     attempts: list[Attempts]
+    webhooks: list[Answers]
+    answer_times: dict[tuple[str, ...], Tally]
+    """The time to answer by (mode, outcome), every project together."""
 
 
 def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
@@ -128,6 +144,9 @@ def read_figures(settings: Settings) -> Steps[Figures]:
         },
     )
     attempts = yield Statement("read_counters", {"max_series": MAX_ATTEMPT_SERIES})
+    webhooks = yield Statement(
+        "read_ingress_counters", {"max_projects": settings.metrics_max_projects}
+    )
     return Figures(
         lanes=lanes,
         workers_live=workers[0][0],
@@ -135,6 +154,12 @@ def read_figures(settings: Settings) -> Steps[Figures]:
         workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],
         projects=[ProjectFigures(*row) for row in projects],
         attempts=[Attempts(*row) for row in attempts],
+        webhooks=[Answers(*row[:5]) for kind, *row in webhooks if kind == "count"],
+        answer_times={
+            (mode, outcome): Tally(ANSWER_BUCKETS, requests, seconds, buckets)
+            for kind, _, mode, outcome, _, requests, seconds, buckets in webhooks
+            if kind == "time"
+        },
     )
 
 
@@ -203,35 +228,72 @@ class FiguresCollector(Collector):
         yield in_flight
         yield cap
         yield from _attempt_families(figures.attempts)
+        webhooks = CounterMetricFamily(
+            "tidegate_webhooks",
+            "Webhooks answered, by project, trigger mode, outcome and HTTP status (the "
+            "busiest projects; the others as '(other)'; up to a second behind).",
+            labels=["project", "mode", "outcome", "status"],
+        )
+        for answers in figures.webhooks:
+            webhooks.add_metric(
+                [answers.project, answers.mode, answers.outcome, str(answers.status)],
+                answers.requests,
+            )
+        yield webhooks
+        yield histogram(
+            "tidegate_webhook_answer_seconds",
+            "Time to answer a webhook, by trigger mode and outcome; a sync trigger's "
+            "admitted requests: the round trip, the run included (up to a second behind).",
+            ["mode", "outcome"],
+            figures.answer_times,
+        )
 
 
 def _attempt_families(series: list[Attempts]) -> Iterable[Metric]:
-    """The finished attempts by (task, lane, outcome), and their handler times by task."""
+    """The finished attempts by (task, lane, outcome), their handler times by task, and
+    the waits from due to claimed by lane (worker/counters.py)."""
     attempts = CounterMetricFamily(
         "tidegate_attempts",
         "Attempts finished, by task, lane and outcome (up to one heartbeat behind).",
         labels=["task", "lane", "outcome"],
     )
-    by_task: dict[str, tuple[float, list[int]]] = {}
+    by_task: dict[tuple[str, ...], Tally] = {}
+    by_lane: dict[tuple[str, ...], Tally] = {}
     for one in series:
+        tally = Tally(DURATION_BUCKETS, one.attempts, one.seconds, one.buckets)
+        if one.outcome == CLAIMED:
+            by_lane.setdefault((one.lane,), Tally()).add(tally)
+            continue
         attempts.add_metric([one.task, one.lane, one.outcome], one.attempts)
-        seconds, buckets = by_task.get(one.task, (0.0, [0] * len(one.buckets)))
-        by_task[one.task] = (
-            seconds + one.seconds,
-            [a + b for a, b in zip(buckets, one.buckets, strict=True)],
-        )
+        by_task.setdefault((one.task,), Tally()).add(tally)
     yield attempts
-    durations = HistogramMetricFamily(
+    yield histogram(
         "tidegate_run_duration_seconds",
         "Handler time of the attempts finished, by task (up to one heartbeat behind).",
-        labels=["task"],
+        ["task"],
+        by_task,
     )
-    bounds = [str(bound) for bound in DURATION_BUCKETS] + ["+Inf"]
-    for task, (seconds, buckets) in by_task.items():
-        durations.add_metric(
-            [task], list(zip(bounds, accumulate(buckets), strict=True)), sum_value=seconds
+    yield histogram(
+        "tidegate_claim_wait_seconds",
+        "How long claimed runs waited from due to claimed, by lane (up to one heartbeat behind).",
+        ["lane"],
+        by_lane,
+    )
+
+
+def histogram(
+    name: str, documentation: str, labels: list[str], tallies: dict[tuple[str, ...], Tally]
+) -> Metric:
+    """A histogram family from tallies by label values (their buckets not cumulative)."""
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    for values, tally in tallies.items():
+        bounds = [str(bound) for bound in tally.bounds] + ["+Inf"]
+        family.add_metric(
+            list(values),
+            list(zip(bounds, accumulate(tally.buckets), strict=True)),
+            sum_value=tally.seconds,
         )
-    yield durations
+    return family
 
 
 def exposition(figures: Figures) -> bytes:

@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tidegate.app import Tidegate
 from tidegate.ingress.completions import Completions
+from tidegate.ingress.ledger import Ledger
 from tidegate.settings import Settings
 from tidegate.storage.database import RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
@@ -131,6 +132,7 @@ class Ingress:
             name="tidegate-ingress",
         )
         self.completions = Completions(self.app.database.aconnect, self.app.completed_channel)
+        self.ledger = Ledger(self.pool, settings)
 
     async def run(self, steps: Steps[T]) -> T:
         async with self.pool.connection() as conn:
@@ -139,12 +141,14 @@ class Ingress:
     async def start(self) -> None:
         await self.pool.open(wait=False)
         self.completions.start()
+        self.ledger.start()
         from tidegate.ingress.auth import load_admin_token
 
         await load_admin_token(self)
 
     async def stop(self) -> None:
         await self.completions.stop()
+        await self.ledger.stop()
         await self.pool.close()
 
 

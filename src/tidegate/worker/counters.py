@@ -11,14 +11,20 @@ Outcomes: ``succeeded``; ``failed``, a failed attempt that will be retried;
 ``retry_requested``, a handler that raised ``Retry``; ``discarded``, a failed last
 attempt; ``cancelled``, a handler that raised ``Cancel``; ``late``, an outcome that was
 not recorded because the run had left the worker meanwhile (its lease lapsed, it was
-cancelled) or because the database refused it.
+cancelled) or because the database refused it; ``rescued``, an attempt whose lease
+lapsed, counted by the worker whose rescuer took the run back. One more series shares
+the table: ``claimed`` counts the runs a worker claimed, their time being how long each
+waited from due (``scheduled_at``) to claimed (``attempted_at``), both the database's
+clock.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from tidegate.runs import Run, RunState
 from tidegate.worker.execute import Outcome
@@ -26,24 +32,60 @@ from tidegate.worker.execute import Outcome
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 """Upper bounds, in seconds, of the handler-time histogram's buckets; one more bucket
 holds the longer attempts. ``worker_counters.buckets`` holds a count per bucket in this
-order: other bounds need a migration of its rows."""
+order: other bounds need a migration of its rows. Waits from due to claimed use them too."""
+CLAIMED = "claimed"
+"""The series of claims: their count, and how long each run waited from due to claimed."""
+RESCUED = "rescued"
+"""The series of attempts ended by the rescuer (their lease lapsed): a count, no time."""
 
 Series = tuple[str, str, str]
 """(task, lane, outcome)"""
 
+K = TypeVar("K", bound=tuple[str | int, ...])
+
 
 @dataclass
 class Tally:
-    """The attempts of one series, and their handler times."""
+    """How many, their time in all, and how many per bucket of ``bounds`` and one above."""
 
-    attempts: int = 0
+    bounds: tuple[float, ...] = DURATION_BUCKETS
+    count: int = 0
     seconds: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))
+    buckets: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.buckets:
+            self.buckets = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.seconds += seconds
+        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
 
     def add(self, other: Tally) -> None:
-        self.attempts += other.attempts
+        self.count += other.count
         self.seconds += other.seconds
         self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
+
+
+class Tallies(Generic[K]):
+    """Tallies by series that have not been written yet: ``take`` them to write them,
+    ``restore`` them if the write failed, so that nothing is lost or counted twice."""
+
+    def __init__(self, bounds: tuple[float, ...] = DURATION_BUCKETS) -> None:
+        self.bounds = bounds
+        self.unwritten: dict[K, Tally] = {}
+
+    def tally(self, series: K) -> Tally:
+        return self.unwritten.setdefault(series, Tally(self.bounds))
+
+    def take(self) -> dict[K, Tally]:
+        taken, self.unwritten = self.unwritten, {}
+        return taken
+
+    def restore(self, taken: dict[K, Tally]) -> None:
+        for series, tally in taken.items():
+            self.tally(series).add(tally)
 
 
 def outcome_label(outcome: Outcome, recorded: bool) -> str:
@@ -55,29 +97,24 @@ def outcome_label(outcome: Outcome, recorded: bool) -> str:
     return outcome.state.value
 
 
-class Counters:
-    """The attempts this worker finished and has not written yet."""
-
-    def __init__(self) -> None:
-        self.unwritten: dict[Series, Tally] = {}
+class Counters(Tallies[Series]):
+    """What this worker counted and has not written yet."""
 
     def count(self, run: Run, outcome: Outcome, recorded: bool, seconds: float) -> None:
         """Count one finished attempt whose handler ran for ``seconds``."""
-        series = (run.task, run.lane, outcome_label(outcome, recorded))
-        tally = self.unwritten.setdefault(series, Tally())
-        tally.attempts += 1
-        tally.seconds += seconds
-        tally.buckets[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        self.tally((run.task, run.lane, outcome_label(outcome, recorded))).observe(seconds)
 
-    def take(self) -> dict[Series, Tally]:
-        """Return the counts not written yet; ``restore`` them if writing them fails."""
-        taken, self.unwritten = self.unwritten, {}
-        return taken
+    def claimed(self, runs: Iterable[Run]) -> None:
+        """Count claimed runs with how long each waited from due to claimed."""
+        for run in runs:
+            if run.attempted_at is not None:
+                wait = (run.attempted_at - run.scheduled_at).total_seconds()
+                self.tally((run.task, run.lane, CLAIMED)).observe(max(wait, 0.0))
 
-    def restore(self, taken: dict[Series, Tally]) -> None:
-        """Put back counts that ``take`` returned and that were not written."""
-        for series, tally in taken.items():
-            self.unwritten.setdefault(series, Tally()).add(tally)
+    def rescued(self, rows: Iterable[tuple[str, str, int]]) -> None:
+        """Count the runs the rescuer took back, by (task, lane, count): no handler time."""
+        for task, lane, count in rows:
+            self.tally((task, lane, RESCUED)).count += count
 
 
 def as_json(taken: dict[Series, Tally]) -> str:
@@ -88,7 +125,7 @@ def as_json(taken: dict[Series, Tally]) -> str:
                 "task": task,
                 "lane": lane,
                 "outcome": outcome,
-                "attempts": tally.attempts,
+                "attempts": tally.count,
                 "seconds": tally.seconds,
                 "buckets": tally.buckets,
             }

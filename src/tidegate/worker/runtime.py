@@ -46,7 +46,8 @@ from tidegate.settings import Settings
 from tidegate.storage.database import transient
 from tidegate.storage.migrate import check_schema
 from tidegate.storage.sql import query
-from tidegate.worker.counters import Counters, as_json
+from tidegate.tracing import span
+from tidegate.worker.counters import Counters, as_json, outcome_label
 from tidegate.worker.execute import Outcome, execute
 from tidegate.worker.services import (
     BATCH_LIMIT,
@@ -147,10 +148,14 @@ class Workloop(Service):
                     break
 
     async def claim(self, demand: int) -> list[Run]:
-        async with self.worker.pool.connection() as conn:
-            cursor = conn.cursor(row_factory=run_row)
-            await cursor.execute(query("claim_runs"), {**self.claim_params, "demand": demand})
-            return await cursor.fetchall()
+        with span("claim", chain=">".join(self.spec.chain), demand=demand) as claiming:
+            async with self.worker.pool.connection() as conn:
+                cursor = conn.cursor(row_factory=run_row)
+                await cursor.execute(query("claim_runs"), {**self.claim_params, "demand": demand})
+                claimed = await cursor.fetchall()
+            claiming.note(runs=len(claimed))
+        self.worker.counters.claimed(claimed)
+        return claimed
 
     def launch(self, run: Run) -> None:
         task = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
@@ -160,9 +165,14 @@ class Workloop(Service):
     async def execute(self, run: Run) -> None:
         worker = self.worker
         started = time.monotonic()
-        outcome = await execute(run, worker.tasks[run.task], worker.executor, worker.settings)
+        with span("execute", **run.fields) as executing:
+            outcome = await execute(run, worker.tasks[run.task], worker.executor, worker.settings)
+            label = outcome_label(outcome, recorded=True)
+            executing.note(outcome=label)
+            if outcome.message is not None:
+                executing.failed(outcome.message)
         seconds = time.monotonic() - started
-        _log_outcome(run, outcome)
+        _log_outcome(run, outcome, label)
         # The slot frees once the outcome is written, not before: a claim must not
         # take more runs than the workloop has slots while outcomes wait in a batch.
         recorded = await worker.completer.add(outcome)
@@ -172,19 +182,25 @@ class Workloop(Service):
             self.wake.set()
 
 
-def _log_outcome(run: Run, outcome: Outcome) -> None:
-    """Log every attempt that did not succeed: failures, retries to come, discards."""
+def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
+    """Log every attempt that did not succeed: failures, retries to come, discards. A
+    JSON line carries the run's fields and the outcome, named as in the metrics."""
     where = (
         f"run {run.id} (task {run.task}, key {run.key}) attempt {run.attempt}/{run.max_attempts}"
     )
+    extra = {**run.fields, "outcome": label}
     if outcome.state is RunState.DISCARDED:
-        log.error("%s failed, discarded: %s", where, outcome.message)
+        log.error("%s failed, discarded: %s", where, outcome.message, extra=extra)
     elif outcome.state is RunState.SCHEDULED and outcome.message is not None:
         log.warning(
-            "%s failed, retrying in %.1fs: %s", where, outcome.delay_seconds, outcome.message
+            "%s failed, retrying in %.1fs: %s",
+            where,
+            outcome.delay_seconds,
+            outcome.message,
+            extra=extra,
         )
     elif outcome.state is RunState.CANCELLED:
-        log.info("%s cancelled by its handler: %s", where, outcome.message)
+        log.info("%s cancelled by its handler: %s", where, outcome.message, extra=extra)
 
 
 def _log_parked(parked: list[Run]) -> None:
@@ -269,8 +285,8 @@ class Worker:
             Periodic(
                 "rescuer",
                 self.settings.rescue_seconds,
-                self._batch(
-                    "rescue_runs",
+                functools.partial(
+                    self.rescue,
                     {**channel, "limit": BATCH_LIMIT, "completed_channel": app.completed_channel},
                 ),
             ),
@@ -469,6 +485,12 @@ class Worker:
             self.counters.restore(counted)
             raise
         return False
+
+    async def rescue(self, params: dict[str, Any]) -> bool:
+        """Take back the runs whose lease lapsed; count them; a full batch goes again."""
+        rows = await fetch(self.pool, "rescue_runs", params)
+        self.counters.rescued(rows)
+        return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
 
     async def _fold(self) -> bool:
         """Fold the counters of workers no longer live into those of 'retired'."""

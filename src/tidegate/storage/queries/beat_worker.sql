@@ -1,7 +1,8 @@
 -- A worker's heartbeat: its row (workloops, slots, busy, the tasks it has) for the
 -- cluster's capacity view and for claims of runs it could take, the leases of the
 -- runs it holds, extended, and the attempts it finished since its last heartbeat,
--- added to its counters: all in the same round trip.
+-- added to its counters and to this minute's counts of the dashboard's charts: all in
+-- the same round trip.
 WITH beat AS (
     INSERT INTO workers (id, host, pid, workloops, tasks)
     VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb, %(tasks)s::text[])
@@ -27,5 +28,16 @@ counted AS (
     SET attempts = c.attempts + excluded.attempts,
         seconds = c.seconds + excluded.seconds,
         buckets = add_buckets(c.buckets, excluded.buckets)
+),
+-- Other workers add to the same rows: the same order everywhere, so none deadlock.
+minutes AS (
+    INSERT INTO minute_counts AS m (minute, source, project, lane, outcome, count)
+    SELECT date_trunc('minute', now()), 'attempt', '', n.lane, n.outcome, sum(n.attempts)
+    FROM jsonb_to_recordset(%(counters)s::jsonb) AS n(lane text, outcome text, attempts bigint)
+    WHERE n.outcome <> 'claimed'
+    GROUP BY n.lane, n.outcome
+    ORDER BY n.lane, n.outcome
+    ON CONFLICT (minute, source, project, lane, outcome) DO UPDATE
+    SET count = m.count + excluded.count
 )
 SELECT count(*) AS renewed FROM renewed

@@ -1,5 +1,6 @@
 -- Return the runs whose lease ran out (their worker died or hung) to 'available', the
--- attempt counted, or discard them when no attempt is left (runs_running).
+-- attempt counted, or discard them when no attempt is left (runs_running); return how
+-- many by task and lane.
 -- The state guard and SKIP LOCKED make each run rescued once, even with several
 -- rescuers; a late completion by the lost worker is then a no-op (complete_runs).
 WITH expired AS (
@@ -24,7 +25,7 @@ rescued AS (
         -- Back in line where claiming has got to, not behind its key's whole backlog.
         vtime = greatest(runs.vtime, coalesce(lane_frontier(runs.lane), runs.vtime))
     FROM expired WHERE runs.id = expired.id
-    RETURNING runs.id, runs.lane, runs.state
+    RETURNING runs.id, runs.task, runs.lane, runs.state
 ),
 notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
@@ -34,4 +35,7 @@ finished AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
     FROM rescued WHERE lane = 'fast_lane' AND state = 'discarded'
 )
-SELECT (SELECT count(*) FROM rescued) AS rescued FROM notified, finished
+-- What was rescued, by task and lane, for the rescuing worker's counters.
+SELECT rescued.task, rescued.lane, count(*) AS rescued
+FROM rescued, notified, finished
+GROUP BY rescued.task, rescued.lane
