@@ -302,9 +302,10 @@ def test_webhook_log_shows_a_rate_limited_burst_beside_the_admitted_request(
     newest_first = [str(status) for status in reversed(statuses)]
     assert [row.get_attribute("data-status") for row in rows.all()] == newest_first
 
-    admin.locator('#requests tr[data-status="202"] a').last.click()  # the oldest: order 0
-    expect(admin.get_by_text("x-shop", exact=False).first).to_be_visible()
-    expect(admin.locator("body")).to_contain_text('"order"')
+    oldest = admin.locator('#requests tr[data-status="202"]').last  # the first sent: order 0
+    oldest.get_by_role("link", name="request").click()
+    expect(admin.locator("#request-headers")).to_contain_text("north")
+    expect(admin.locator("#request-body")).to_contain_text('"order": 0')
     expect(admin.locator("form.replay").get_by_role("button", name="Replay")).to_be_visible()
 
 
