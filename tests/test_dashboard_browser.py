@@ -332,7 +332,7 @@ def test_a_project_token_sees_only_its_own_project(
 
 # -- screenshots for docs/dashboard.md ------------------------------------------------
 
-SCENE_SECONDS = 150.0
+SCENE_SECONDS = 300.0
 """How long the shop works before the pictures: a few points on the per-minute charts."""
 
 
@@ -345,8 +345,9 @@ def test_screenshots_of_every_page(
     client: httpx.Client,
     start_worker_process: Callable[..., Any],
 ) -> None:
-    """Run a small shop for a few minutes (three projects, four lanes, webhooks over
-    their rate, failing invoices, a task no worker has), then photograph each page."""
+    """Run a small shop for a few minutes (three projects, four lanes, more receipts and
+    reports than the workers keep up with, webhooks over their rate, failing invoices, a
+    task no worker has), then photograph each page."""
     for project, limits in {
         "acme": {"ingest_rate": 1, "ingest_burst": 2, "fast_lane_cap": 2},
         "globex": {"concurrency": 6},
@@ -375,19 +376,22 @@ def test_screenshots_of_every_page(
         app.enqueue_many(
             [
                 *(
-                    NewRun("shop.send_receipt", {"order": wave * 100 + n}, project=projects[n % 3])
-                    for n in range(60)
+                    NewRun("shop.send_receipt", {"order": wave * 1000 + n}, project=projects[n % 3])
+                    for n in range(120)
                 ),
                 *(
                     NewRun("shop.sync_invoice", {"invoice": wave * 10 + n}, project="globex")
                     for n in range(8)
                 ),
-                NewRun("shop.build_report", {"shop": wave}, project="initech"),
+                *(
+                    NewRun("shop.build_report", {"shop": wave * 10 + n}, project="initech")
+                    for n in range(4)
+                ),
                 NewRun("noop", project="acme", lane="fast_lane"),
             ]
         )
         for n in range(4):
-            client.post(orders["url"], json={"order": wave * 100 + n, "total": "19.90"})
+            client.post(orders["url"], json={"order": wave * 1000 + n, "total": "19.90"})
         client.post(invoices["url"], json={"invoice": wave * 10 + 9})
         admin.wait_for_timeout(5_000)  # the pace of the shop, not a wait for a condition
 
@@ -396,7 +400,7 @@ def test_screenshots_of_every_page(
     expect(admin.locator("#admissions-chart canvas").first).to_be_visible()
     shoot(admin, "overview")
 
-    admin.goto("/ui/runs?project=globex")
+    admin.goto("/ui/runs?task=shop.sync_invoice")
     expect(admin.locator("#runs tr[data-run]").first).to_be_visible()
     shoot(admin, "runs")
 
