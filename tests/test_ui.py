@@ -417,10 +417,13 @@ async def test_the_overview_shows_each_lanes_depth_and_the_activity_counts(
     activity = (await browser.client.get("/ui/api/activity")).json()
     assert len(activity["minutes"]) == 30
     assert activity["throughput"]["series"] == ["bulk"]
-    assert activity["throughput"]["counts"] == [[0] * 29 + [9]]
+    [attempts] = activity["throughput"]["counts"]
+    # The minute just ended, or this one (a minute may turn between insert and read).
+    assert sum(attempts) == 9 and attempts[-1] + attempts[-2] == 9
     assert activity["admissions"]["series"] == ["admitted"]
-    assert activity["admissions"]["counts"][0][24] == 3
-    assert sum(activity["admissions"]["counts"][0]) == 3  # two hours ago is out
+    [admitted] = activity["admissions"]["counts"]
+    assert admitted[24] + admitted[23] == 3
+    assert sum(admitted) == 3  # two hours ago is out
 
 
 async def test_the_workers_page_lists_each_worker_and_its_workloops(

@@ -44,8 +44,9 @@ MAX_KEYS = 100
 """Rows of the keys page."""
 KEY_SCAN = 10_000
 """Ready runs read, in claim order, to find the keys next in line (read_keys.sql)."""
-WAITING_CAP = 10_000
-"""A key's waiting runs are counted up to this, then shown as ``10000+``."""
+WAITING_CAP = 1000
+"""A key's waiting runs are counted up to this (shown ``1000+``): at most 100 keys are
+counted, so a page reads at most 100,000 index entries for them."""
 MAX_WORKERS = 1000
 MAX_TOKEN_CHARS = 200
 """Longer than any token tidegate makes: not looked up."""

@@ -4,11 +4,14 @@
 -- a project reads its own runs only, and only the keys they use (a key policy belongs
 -- to no project: a project sees the policies of its keys and of their lanes' '*').
 --
--- Which keys, so the cost never follows the number of keys (a million tenants): those
--- with runs in flight (runs_running: a few per worker slot), those of the first
--- %(scan_limit)s ready runs in claim order (runs_claim_any: the keys next in line),
--- and, for the super admin, those with a policy of their own (at most %(limit)s). A
--- key deep in a backlog behind those is not listed. At most %(limit)s rows.
+-- Which keys, so the cost never follows the number of keys (a million tenants) or of
+-- runs: those with runs in flight (runs_running: a few per worker slot), those of the
+-- first %(scan_limit)s ready runs in claim order (runs_claim_any: the keys next in
+-- line), and, for the super admin, those with a policy of their own (at most
+-- %(limit)s). Of those, the lanes' defaults and then the busiest (most in flight, then
+-- most runs next in line) are kept, %(limit)s in all, and only they have their waiting
+-- runs counted (runs_key_ready, up to %(waiting_cap)s each). A key deep in a backlog
+-- behind the head is not listed.
 --
 -- held_by: 'cap' when the key's runs in flight (of every project: that is what the
 -- claim counts) reach max_running; 'rate' when its GCRA state (key_rates.tat) is further
@@ -21,12 +24,13 @@ WITH running AS (
     GROUP BY lane, key
 ),
 head AS (
-    SELECT ready.lane, ready.key FROM (
+    SELECT ready.lane, ready.key, count(*) AS next_in_line FROM (
         SELECT lane, key, project FROM runs WHERE state = 'available'
         ORDER BY rank, id
         LIMIT %(scan_limit)s::integer
     ) AS ready
     WHERE %(project)s::text IS NULL OR ready.project = %(project)s
+    GROUP BY ready.lane, ready.key
 ),
 keys AS (
     SELECT lane, key FROM running WHERE own > 0
@@ -40,11 +44,18 @@ keys AS (
         LIMIT %(limit)s::integer
     ) AS policed
 ),
-candidates AS (
-    SELECT lane, key FROM keys
-    UNION
-    SELECT lane_default.lane, lane_default.key FROM key_policies AS lane_default
-    WHERE lane_default.key = '*' AND lane_default.lane IN (SELECT lane FROM keys)
+chosen AS (
+    SELECT candidates.lane, candidates.key FROM (
+        SELECT lane, key FROM keys
+        UNION
+        SELECT lane_default.lane, lane_default.key FROM key_policies AS lane_default
+        WHERE lane_default.key = '*' AND lane_default.lane IN (SELECT lane FROM keys)
+    ) AS candidates
+    LEFT JOIN running USING (lane, key)
+    LEFT JOIN head USING (lane, key)
+    ORDER BY candidates.key <> '*', coalesce(running.own, 0) DESC,
+             coalesce(head.next_in_line, 0) DESC, candidates.lane, candidates.key
+    LIMIT %(limit)s::integer
 ),
 figures AS (
     SELECT c.lane, c.key,
@@ -54,7 +65,6 @@ figures AS (
            coalesce(own.rate_burst, lane_default.rate_burst, 1) AS rate_burst,
            CASE WHEN c.key <> '*' THEN coalesce(running.own, 0) END AS in_flight,
            CASE WHEN c.key <> '*' THEN (
-               -- runs_key_ready, at most waiting_cap entries
                SELECT count(*) FILTER (
                    WHERE %(project)s::text IS NULL OR waiting.project = %(project)s)
                FROM (
@@ -66,7 +76,7 @@ figures AS (
            coalesce(running.every_project, 0) AS gate_in_flight,
            (SELECT tat FROM key_rates WHERE key_rates.lane = c.lane AND key_rates.key = c.key)
                AS tat
-    FROM candidates AS c
+    FROM chosen AS c
     LEFT JOIN key_policies AS own ON own.lane = c.lane AND own.key = c.key
     LEFT JOIN key_policies AS lane_default
         ON lane_default.lane = c.lane AND lane_default.key = '*'
@@ -82,4 +92,3 @@ SELECT lane, key, max_running, weight, rate, rate_burst, in_flight, waiting,
        END AS held_by
 FROM figures
 ORDER BY key <> '*', in_flight DESC, waiting DESC, lane, key
-LIMIT %(limit)s::integer

@@ -2,7 +2,11 @@
 -- the others (request_log: refused, or a repeat answered with the original run),
 -- merged. Each source is one ordered scan of its (trigger_id, received_at, id) index,
 -- LIMITed, from the keyset (received_at, kind, id) of the last row of the page before;
--- the union is sorted and cut to the page. A project (%(project)s not NULL) reads its
+-- the union is sorted and cut to the page. Rows of one time go 'refused' before
+-- 'admitted' (kind DESC), so the keyset reads, per source, as a row comparison on the
+-- index's own columns (the index condition): after a refused row at time t every
+-- admitted row of t is still to come (id below the largest bigint), and after an
+-- admitted row none of the refused ones of t is (id below 0). A project (%(project)s not NULL) reads its
 -- own rows only, whatever trigger id it names.
 SELECT * FROM (
     (SELECT 'admitted' AS kind, requests.id, requests.received_at,
@@ -13,9 +17,10 @@ SELECT * FROM (
      WHERE requests.trigger_id = %(trigger_id)s
        AND (%(project)s::text IS NULL OR requests.project = %(project)s)
        AND (%(before_at)s::timestamptz IS NULL
-            OR (requests.received_at <= %(before_at)s
-                AND (requests.received_at, 'admitted', requests.id)
-                    < (%(before_at)s, %(before_kind)s::text, %(before_id)s::bigint)))
+            OR (requests.received_at, requests.id) < (
+                %(before_at)s::timestamptz,
+                CASE WHEN %(before_kind)s::text = 'admitted' THEN %(before_id)s::bigint
+                     ELSE 9223372036854775807 END))
      ORDER BY requests.received_at DESC, requests.id DESC
      LIMIT %(limit)s::integer)
     UNION ALL
@@ -26,9 +31,10 @@ SELECT * FROM (
      WHERE request_log.trigger_id = %(trigger_id)s
        AND (%(project)s::text IS NULL OR request_log.project = %(project)s)
        AND (%(before_at)s::timestamptz IS NULL
-            OR (request_log.received_at <= %(before_at)s
-                AND (request_log.received_at, 'refused', request_log.id)
-                    < (%(before_at)s, %(before_kind)s::text, %(before_id)s::bigint)))
+            OR (request_log.received_at, request_log.id) < (
+                %(before_at)s::timestamptz,
+                CASE WHEN %(before_kind)s::text = 'refused' THEN %(before_id)s::bigint
+                     ELSE 0 END))
      ORDER BY request_log.received_at DESC, request_log.id DESC
      LIMIT %(limit)s::integer)
 ) AS merged
