@@ -83,6 +83,13 @@ def register(app: Tidegate) -> None:
             raise ValueError(f"boom on attempt {run.attempt}")
         return f"ok on attempt {run.attempt}"
 
+    @app.task(name="fail_while_flagged", max_attempts=1)
+    async def fail_while_flagged(flag: str, **_: Any) -> str:
+        """Fail while the file ``flag`` exists: a fault the test fixes before a retry."""
+        if os.path.exists(flag):
+            raise RuntimeError(f"{flag} says to fail")
+        return "flag gone"
+
     @app.task(name="retry_once")
     async def retry_once(**_: Any) -> str:
         if current_run().attempt == 1:
@@ -96,6 +103,27 @@ def register(app: Tidegate) -> None:
     @app.task(name="slow", timeout=0.2, max_attempts=1)
     async def slow(**_: Any) -> None:
         await asyncio.sleep(5)
+
+    # A shop's tasks, for the dashboard's screenshots (test_dashboard_browser.py).
+
+    @app.task(name="shop.send_receipt", lane="emails")
+    def send_receipt(**_: Any) -> dict[str, Any]:
+        time.sleep(0.25)
+        return {"sent": True}
+
+    @app.task(name="shop.build_report", lane="reports")
+    def build_report(**_: Any) -> dict[str, Any]:
+        time.sleep(1.5)
+        return {"rows": 1200}
+
+    @app.task(name="shop.sync_invoice", max_attempts=2)
+    async def sync_invoice(invoice: int = 0, body: Any = None, **_: Any) -> dict[str, Any]:
+        if isinstance(body, dict):  # from a webhook
+            invoice = int(body.get("invoice", 0))
+        await asyncio.sleep(0.1)
+        if invoice % 7 == 0:
+            raise ValueError(f"ledger refused invoice {invoice}: currency mismatch (EUR, USD)")
+        return {"synced": invoice}
 
     # Webhook-shaped handlers: a webhook run's args are {"body", "headers", "trigger"}.
 

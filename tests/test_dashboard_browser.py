@@ -1,0 +1,423 @@
+"""The dashboard (/ui) in a real browser, used the way a person would use it.
+
+Each test starts ``tidegate serve --role api`` on its own schema (``api``), worker
+processes where runs must execute (``start_worker_process``), and drives Debian's
+Chromium through Playwright: it signs in through the form, reads tables as they refresh
+themselves, fills the runs filter, presses Retry, follows links. Conditions are waited
+for with Playwright's auto-waiting ``expect`` (generous timeouts, for a loaded 2-core
+machine), never with fixed sleeps.
+
+Without ``/usr/bin/chromium`` or without the ``playwright`` package, the module skips.
+Playwright's own browser download is never used. With ``TIDEGATE_SCREENSHOTS=DIR``,
+``test_screenshots_of_every_page`` writes ``DIR/dashboard-*.png`` (docs/images).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer
+from tidegate import NewRun, Tidegate
+from tidegate.runs import RunState
+
+CHROMIUM = Path("/usr/bin/chromium")
+ENABLE = "apt-get install -y chromium; pip install -e '.[test]'"
+
+try:
+    from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+except ImportError:
+    pytest.skip(
+        f"the browser tests need the playwright package; to run them: {ENABLE}",
+        allow_module_level=True,
+    )
+if not CHROMIUM.exists():
+    pytest.skip(
+        f"the browser tests need Chromium at {CHROMIUM}; to run them: {ENABLE}",
+        allow_module_level=True,
+    )
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
+VIEWPORT = {"width": 1280, "height": 800}
+WAIT_MS = 30_000
+"""How long an ``expect`` waits by default: the page refreshes every 2 s, the machine
+may be loaded."""
+DRAIN_MS = 120_000
+"""How long a lane may take to drain, or a retried run to finish."""
+SCREENSHOTS = os.environ.get("TIDEGATE_SCREENSHOTS")
+
+expect.set_options(timeout=WAIT_MS)
+
+
+# -- fixtures ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One Chromium for the module's tests; each test gets a fresh context (no cookies)."""
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
+    """A page in a fresh browser context on the test's server; fails on a script error."""
+    context = browser.new_context(base_url=api.url, viewport=VIEWPORT)  # type: ignore[arg-type]
+    context.set_default_timeout(WAIT_MS)
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda error: errors.append(str(error)))
+    yield tab
+    context.close()
+    assert errors == [], f"script errors on the dashboard: {errors}"
+
+
+@pytest.fixture
+def admin(page: Page) -> Page:
+    """The page, signed in with the super admin's token."""
+    sign_in(page, ADMIN_TOKEN)
+    expect(page).to_have_url(re.compile(r"/ui/$"))
+    return page
+
+
+@pytest.fixture
+def client(api: ApiServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=api.url, timeout=20) as http:
+        yield http
+
+
+# -- helpers ----------------------------------------------------------------------------
+
+
+def sign_in(page: Page, token: str) -> None:
+    """Sign in through the login form, as a person would."""
+    page.goto("/ui/login")
+    form = page.locator("form#login")
+    form.locator('input[name="token"]').fill(token)
+    form.get_by_role("button", name="Sign in").click()
+
+
+def create_project(client: httpx.Client, project_id: str, **limits: Any) -> dict[str, Any]:
+    response = client.post("/admin/projects", json={"id": project_id, **limits}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+def create_trigger(
+    client: httpx.Client, project_id: str, name: str, **fields: Any
+) -> dict[str, Any]:
+    response = client.post(
+        f"/admin/projects/{project_id}/triggers", json={"name": name, **fields}, headers=ADMIN
+    )
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+NEXT_DEPTH = """([lane, last]) => {
+    const row = document.querySelector(`#lanes tr[data-lane="${lane}"]`);
+    const depth = row ? parseInt(row.querySelector('td[data-state="available"]').textContent) : 0;
+    return depth === last ? null : {depth};
+}"""
+
+
+def next_depth(page: Page, lane: str, last: int) -> int:
+    """Wait for the lane's ``available`` depth to differ from ``last``, and return it.
+
+    A lane with no run in any state leaves the table: its row gone reads as 0.
+    """
+    changed = page.wait_for_function(NEXT_DEPTH, arg=[lane, last], timeout=DRAIN_MS)
+    depth: int = changed.json_value()["depth"]
+    return depth
+
+
+def fill_field(form: Locator, name: str, value: str) -> None:
+    """Set a form field by name, whether it is a text input or a select."""
+    field = form.locator(f'[name="{name}"]')
+    if field.evaluate("element => element.tagName") == "SELECT":
+        field.select_option(value)
+    else:
+        field.fill(value)
+
+
+def wait_for_state(app: Tidegate, run_id: int, state: RunState, timeout: float = 60) -> None:
+    """Poll the database until the run is in ``state``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while (run := app.get_run(run_id)) is None or run.state != state:
+        assert time.monotonic() < deadline, f"run {run_id} not {state} within {timeout}s: {run}"
+        time.sleep(0.1)
+
+
+def reload_until(page: Page, locator: Locator, count: int, timeout: float = 30) -> None:
+    """Reload until ``locator`` matches ``count`` elements, for pages that show a moment's
+    state (the webhook log gets refused requests about once a second from each API
+    process's ledger)."""
+    deadline = time.monotonic() + timeout
+    while locator.count() != count:
+        assert time.monotonic() < deadline, (
+            f"{locator} matched {locator.count()} elements, not {count}, within {timeout}s"
+        )
+        page.wait_for_timeout(250)
+        page.reload()
+
+
+def shoot(page: Page, name: str) -> None:
+    """Save a screenshot of the viewport as ``dashboard-NAME.png`` in TIDEGATE_SCREENSHOTS."""
+    assert SCREENSHOTS
+    folder = Path(SCREENSHOTS)
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=folder / f"dashboard-{name}.png", animations="disabled")
+
+
+# -- the tests --------------------------------------------------------------------------
+
+
+def test_admin_signs_in_through_the_form_and_gets_a_strict_http_only_cookie(
+    page: Page, api: ApiServer
+) -> None:
+    sign_in(page, "tga_not-the-token")
+    expect(page.locator("form#login")).to_be_visible()
+    assert not [c for c in page.context.cookies() if c["name"] == "tidegate_session"]
+
+    sign_in(page, ADMIN_TOKEN)
+
+    expect(page).to_have_url(f"{api.url}/ui/")
+    [cookie] = [c for c in page.context.cookies() if c["name"] == "tidegate_session"]
+    assert cookie["httpOnly"] is True
+    assert cookie["sameSite"] == "Strict"
+    assert "tidegate_session" not in page.evaluate("document.cookie")
+    nav = page.locator("nav")
+    for name in ("Overview", "Workers", "Projects", "Keys", "Runs"):
+        expect(nav.get_by_role("link", name=name, exact=True)).to_be_visible()
+    expect(nav.get_by_role("button", name="Sign out")).to_be_visible()  # a POST, with CSRF
+    expect(page.locator("table#lanes")).to_be_visible()
+
+
+def test_overview_shows_a_lane_draining_to_zero_without_a_reload(
+    admin: Page, app: Tidegate, start_worker_process: Callable[..., Any]
+) -> None:
+    app.enqueue_many(NewRun("sleep", {"seconds": 0.1}, lane="bulk") for _ in range(200))
+    admin.goto("/ui/")
+    available = admin.locator('#lanes tr[data-lane="bulk"] td[data-state="available"]')
+    expect(available).to_have_text("200")
+    admin.evaluate("window.sameDocument = true")  # gone if the page reloads
+
+    start_worker_process("manual>*:2")  # 200 x 0.1 s on 2 slots: at least 10 s
+
+    seen = [200]
+    while seen[-1]:
+        now = next_depth(admin, "bulk", seen[-1])
+        assert now < seen[-1], f"the depth went up: {seen} then {now}"
+        seen.append(now)
+    assert len(seen) >= 3, f"no depth seen between 200 and 0: {seen}"
+    assert admin.evaluate("window.sameDocument") is True, "the page reloaded"
+
+
+def test_a_discarded_run_found_by_task_succeeds_when_retried(
+    admin: Page,
+    app: Tidegate,
+    start_worker_process: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    flag = tmp_path / "fail"
+    flag.touch()
+    app.enqueue("fail", {"until_attempt": 9}, max_attempts=1)  # another discarded run
+    app.enqueue("noop")
+    run = app.enqueue("fail_while_flagged", {"flag": str(flag)})
+    assert run.max_attempts == 1
+    start_worker_process("manual>*:2")
+    wait_for_state(app, run.id, RunState.DISCARDED)
+
+    admin.get_by_role("link", name="Runs", exact=True).click()
+    expect(admin.locator("table#runs")).to_be_visible()
+    form = admin.locator('form:has([name="task"])')
+    fill_field(form, "task", "fail_while_flagged")
+    form.locator('button, input[type="submit"]').first.click()
+
+    expect(admin).to_have_url(re.compile(r"[?&]task=fail_while_flagged"))
+    rows = admin.locator("#runs tr[data-run]")
+    expect(rows).to_have_count(1)
+    expect(rows).to_have_attribute("data-run", str(run.id))
+    expect(rows.locator("td.state")).to_contain_text("discarded")
+    rows.locator("a").first.click()
+
+    expect(admin).to_have_url(re.compile(rf"/ui/runs/{run.id}$"))
+    expect(admin.locator("#run-state")).to_contain_text("discarded")
+    expect(admin.locator("#run-args")).to_contain_text(str(flag))
+    expect(admin.locator("#run-errors li")).to_have_count(1)
+    expect(admin.locator("#run-errors")).to_contain_text("says to fail")
+
+    flag.unlink()
+    admin.locator("form.retry").get_by_role("button", name="Retry").click()
+
+    expect(admin.locator("#run-state")).to_contain_text("succeeded", timeout=DRAIN_MS)
+    expect(admin.locator("#run-result")).to_contain_text("flag gone")
+    finished = app.get_run(run.id)
+    assert finished is not None and finished.state == RunState.SUCCEEDED
+
+
+def test_webhook_log_shows_a_rate_limited_burst_beside_the_admitted_request(
+    admin: Page, client: httpx.Client, api: ApiServer
+) -> None:
+    create_project(client, "acme", ingest_rate=1, ingest_burst=1)
+    trigger = create_trigger(client, "acme", "orders", mode="async", task="echo")
+    statuses = [
+        client.post(trigger["url"], json={"order": n}, headers={"X-Shop": "north"}).status_code
+        for n in range(10)
+    ]
+    assert set(statuses) == {202, 429}, statuses
+    admitted, refused = statuses.count(202), statuses.count(429)
+
+    admin.get_by_role("link", name="Projects", exact=True).click()
+    admin.locator('#projects tr[data-project="acme"] a').first.click()
+    log_path = f"/ui/triggers/{trigger['id']}/log"
+    admin.locator(f'a[href$="{log_path}"]').first.click()
+    expect(admin).to_have_url(f"{api.url}{log_path}")
+
+    rows = admin.locator("#requests tr[data-status]")
+    reload_until(admin, rows, 10)
+    expect(admin.locator('#requests tr[data-status="429"]')).to_have_count(refused)
+    expect(admin.locator('#requests tr[data-outcome="rate_limited"]')).to_have_count(refused)
+    expect(admin.locator('#requests tr[data-status="202"]')).to_have_count(admitted)
+    newest_first = [str(status) for status in reversed(statuses)]
+    assert [row.get_attribute("data-status") for row in rows.all()] == newest_first
+
+    oldest = admin.locator('#requests tr[data-status="202"]').last  # the first sent: order 0
+    oldest.get_by_role("link", name="request").click()
+    expect(admin.locator("#request-headers")).to_contain_text("north")
+    expect(admin.locator("#request-body")).to_contain_text('"order": 0')
+    expect(admin.locator("form.replay").get_by_role("button", name="Replay")).to_be_visible()
+
+
+def test_a_project_token_sees_only_its_own_project(
+    page: Page, client: httpx.Client, app: Tidegate
+) -> None:
+    acme = create_project(client, "acme")
+    create_project(client, "globex")
+    mine = app.enqueue("noop", project="acme")
+    theirs = app.enqueue("noop", project="globex")
+
+    sign_in(page, acme["token"])
+    expect(page).to_have_url(re.compile(r"/ui/$"))
+
+    page.goto("/ui/projects")
+    expect(page.locator("#projects tr[data-project]")).to_have_count(1)
+    expect(page.locator('#projects tr[data-project="acme"]')).to_be_visible()
+    page.goto("/ui/runs")
+    expect(page.locator(f'#runs tr[data-run="{mine.id}"]')).to_be_visible()
+    expect(page.locator(f'#runs tr[data-run="{theirs.id}"]')).to_have_count(0)
+    response = page.goto(f"/ui/runs/{theirs.id}")
+    assert response is not None and response.status in (403, 404), response
+
+
+# -- screenshots for docs/dashboard.md ------------------------------------------------
+
+SCENE_SECONDS = 300.0
+"""How long the shop works before the pictures: a few points on the per-minute charts."""
+
+
+@pytest.mark.skipif(
+    not SCREENSHOTS, reason="set TIDEGATE_SCREENSHOTS=docs/images to take the screenshots"
+)
+def test_screenshots_of_every_page(
+    admin: Page,
+    app: Tidegate,
+    client: httpx.Client,
+    start_worker_process: Callable[..., Any],
+) -> None:
+    """Run a small shop for a few minutes (three projects, four lanes, more receipts and
+    reports than the workers keep up with, webhooks over their rate, failing invoices, a
+    task no worker has), then photograph each page."""
+    for project, limits in {
+        "acme": {"ingest_rate": 1, "ingest_burst": 2, "fast_lane_cap": 2},
+        "globex": {"concurrency": 6},
+        "initech": {"backlog_cap": 5000},
+    }.items():
+        create_project(client, project, **limits)
+    orders = create_trigger(client, "acme", "orders", mode="async", task="shop.send_receipt")
+    create_trigger(client, "acme", "quotes", mode="sync", task="echo")
+    invoices = create_trigger(client, "globex", "invoices", mode="async", task="shop.sync_invoice")
+    app.set_key_policy("emails", "*", rate=12, rate_burst=6)
+    app.set_key_policy("default", "acme", max_running=2, weight=3)
+    app.set_key_policy("reports", "initech", max_running=1)
+    app.enqueue_many(
+        NewRun("shop.build_report", {"month": f"2026-{m:02}"}, project="initech", delay=3600)
+        for m in range(1, 13)
+    )
+    app.enqueue("billing.close_month", {"month": "2026-10"}, project="initech")
+
+    start_worker_process("fast_lane:1 manual>*:3")
+    start_worker_process("emails:2")
+    projects = ("acme", "globex", "initech")
+    started = time.monotonic()
+    wave = 0
+    while time.monotonic() - started < SCENE_SECONDS:
+        wave += 1
+        app.enqueue_many(
+            [
+                *(
+                    NewRun("shop.send_receipt", {"order": wave * 1000 + n}, project=projects[n % 3])
+                    for n in range(120)
+                ),
+                *(
+                    NewRun("shop.sync_invoice", {"invoice": wave * 10 + n}, project="globex")
+                    for n in range(8)
+                ),
+                *(
+                    NewRun("shop.build_report", {"shop": wave * 10 + n}, project="initech")
+                    for n in range(4)
+                ),
+                NewRun("noop", project="acme", lane="fast_lane"),
+            ]
+        )
+        for n in range(4):
+            client.post(orders["url"], json={"order": wave * 1000 + n, "total": "19.90"})
+        client.post(invoices["url"], json={"invoice": wave * 10 + 9})
+        admin.wait_for_timeout(5_000)  # the pace of the shop, not a wait for a condition
+
+    admin.goto("/ui/")
+    expect(admin.locator("#throughput-chart canvas").first).to_be_visible()
+    expect(admin.locator("#admissions-chart canvas").first).to_be_visible()
+    shoot(admin, "overview")
+
+    admin.goto("/ui/runs?task=shop.sync_invoice")
+    expect(admin.locator("#runs tr[data-run]").first).to_be_visible()
+    shoot(admin, "runs")
+
+    discarded = app.list_runs(state=RunState.DISCARDED, task="shop.sync_invoice", limit=1)
+    assert discarded, "no invoice was discarded"
+    admin.goto(f"/ui/runs/{discarded[0].id}")
+    expect(admin.locator("#run-errors li")).to_have_count(2)
+    shoot(admin, "run")
+
+    admin.goto(f"/ui/triggers/{orders['id']}/log")
+    expect(admin.locator('#requests tr[data-status="429"]').first).to_be_visible()
+    shoot(admin, "webhook-log")
+
+    admin.goto("/ui/workers")
+    expect(admin.locator("#workers tbody tr")).to_have_count(2)
+    shoot(admin, "workers")
+
+    admin.goto("/ui/keys")
+    expect(admin.locator("#keys tbody tr").first).to_be_visible()
+    shoot(admin, "keys")
