@@ -148,6 +148,20 @@ class Cancel(Exception):
         self.reason = reason
 
 
+class Discard(Exception):
+    """Raise from a handler to end its run ``discarded`` now, attempts left or not.
+
+    For a failure no retry can mend (a request the other side refuses for good):
+    retrying would only spend time and load. ``reason`` and ``details`` (JSON, such as
+    the refusal itself) are kept in the attempt's entry in the run's ``errors``.
+    """
+
+    def __init__(self, reason: str = "discarded by its handler", details: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.details = details
+
+
 _current_run: contextvars.ContextVar[Run] = contextvars.ContextVar("tidegate_current_run")
 
 
