@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
+from tidegate.forward import breaker_key_of
 from tidegate.ingress.guard import CLOSE
 from tidegate.ingress.ledger import LoggedRequest
 from tidegate.ingress.server import Ingress, database_problem, problem, problem_responses
@@ -86,6 +87,19 @@ class Trigger:
     max_body_bytes: int
     sync_timeout_seconds: float
     enabled: bool
+    forward_url: str | None = None
+    breaker_key: str | None = None
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """What a run's args hold besides the request: a forwarding run's breaker key.
+
+        The run's key stays its project (admit_webhook sets it); the destination it
+        will be guarded by travels with it, to be seen in the run.
+        """
+        if self.forward_url is None:
+            return {}
+        return {"breaker_key": self.breaker_key or breaker_key_of(self.forward_url)}
 
 
 @router.post(
@@ -469,7 +483,9 @@ def _admit(
             "project": trigger.project,
             "lane": lane,
             "task": trigger.task,
-            "args": json.dumps({"body": payload, "headers": headers, "trigger": trigger.name}),
+            "args": json.dumps(
+                {"body": payload, "headers": headers, "trigger": trigger.name, **trigger.args}
+            ),
             # A sync caller is waiting: it gets the first attempt's outcome, and retries
             # are its own to make. Async runs retry with backoff.
             "max_attempts": 1 if lane == FAST_LANE else settings.max_attempts,
