@@ -30,6 +30,8 @@ from tidegate.ingress.signatures import verify
 SECRET = "whsec_" + base64.b64encode(b"the forwarding secret, 32 bytes!").decode()
 BODY = b'{"order":  7,\n "note": "caf\\u00e9 \xe2\x98\x95"}'
 """Spacing and escapes a re-serialization would change: only the bytes as sent pass."""
+PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe"
+"""A body that is not text."""
 
 
 @dataclass
@@ -45,7 +47,8 @@ class Downstream:
     """An HTTP endpoint on a free port that records requests and answers by path.
 
     ``/ok`` 201 with a JSON body; ``/fail`` 500; ``/slow`` answers after 5 s;
-    ``/busy`` 429 with ``Retry-After: 1`` the first time, then 200; ``/missing`` 404.
+    ``/busy`` 429 with ``Retry-After: 1`` the first time, then 200; ``/binary`` 200 with
+    bytes that are not UTF-8; any other path 404.
     """
 
     def __init__(self) -> None:
@@ -76,6 +79,8 @@ class Downstream:
                     self.answer(429, b"slow down", {"Retry-After": "1"})
                 elif self.path == "/busy":
                     self.answer(200, b"ok now")
+                elif self.path == "/binary":
+                    self.answer(200, PNG, {"Content-Type": "image/png"})
                 else:
                     self.answer(404, b'{"error": "no such thing"}')
 
@@ -84,10 +89,10 @@ class Downstream:
             def answer(
                 self, status: int, body: bytes, headers: dict[str, str] | None = None
             ) -> None:
+                headers = {"Content-Type": "application/json", **(headers or {})}
                 self.send_response(status)
-                self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
-                for name, value in (headers or {}).items():
+                for name, value in headers.items():
                     self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(body)
@@ -246,6 +251,12 @@ async def test_sync_forward_replies_with_the_endpoints_status_headers_and_body(
     refused = await client.post(missing["url"], json={})
     assert refused.status_code == 404
     assert refused.json() == {"error": "no such thing"}
+    binary = await create_trigger(
+        client, "acme", "image", mode="sync", forward_url=downstream.url + "/binary"
+    )
+    image = await client.post(binary["url"], json={})
+    assert (image.status_code, image.content) == (200, PNG)
+    assert image.headers["content-type"] == "image/png"
 
 
 # -- what the endpoint answers -----------------------------------------------------------

@@ -40,8 +40,9 @@ from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
 from tidegate.ingress.signatures import sign
+from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text
-from tidegate.runs import Discard, Retry, current_run
+from tidegate.runs import REPLY_KEY, Discard, Retry, current_run
 from tidegate.storage.sql import Statement, Steps
 
 log = logging.getLogger("tidegate.forward")
@@ -57,6 +58,7 @@ MAX_KEPT_BODY_BYTES = 64 * 1024
 MAX_RETRY_AFTER_SECONDS = 3600.0
 """A longer Retry-After is cut to this: a downstream cannot park a run for days."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
+
 HOP_BY_HOP = frozenset(
     {
         "connection",
@@ -73,8 +75,9 @@ HOP_BY_HOP = frozenset(
 NOT_PASSED_ON = HOP_BY_HOP | {"host", "content-length", "content-type", "content-encoding"}
 """Received headers a trigger may not list in ``forward_headers``: the hop-by-hop ones
 belong to the connection they came on, and the others are set from the request sent."""
-NOT_KEPT = HOP_BY_HOP | {"content-length", "content-encoding"}
-"""Response headers not kept: the body is kept decoded and its length is set anew."""
+NOT_KEPT = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+"""Response headers not kept: the body is kept decoded, its length is set anew, and the
+ingress that replies to a sync caller sends its own ``date`` and ``server``."""
 
 
 class ForwardError(Exception):
@@ -91,7 +94,11 @@ def check_url(url: Any) -> str:
     text = check_text(url, "forward_url", MAX_URL_CHARS)
     if not text.isascii() or not text.isprintable() or " " in text:
         raise InputError("forward_url must be visible ASCII (percent-encode anything else)")
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+        httpx.URL(text)
+    except (ValueError, httpx.InvalidURL) as error:
+        raise InputError(f"forward_url is not a valid URL: {error}") from None
     if parts.scheme not in DEFAULT_PORTS:
         raise InputError(f"forward_url must be http:// or https://, got {parts.scheme!r}")
     try:
@@ -148,17 +155,16 @@ def handler(execute: Callable[[Steps[Any]], Awaitable[Any]]) -> Callable[..., Aw
         response, content = await _send(found)
         kept = kept_response(response, content)
         status = response.status_code
-        if found["mode"] == "sync":
-            return {"$reply": kept}
+        if run.lane == FAST_LANE:  # a sync trigger's caller waits for the answer
+            return {REPLY_KEY: kept}
         if 200 <= status < 300:
             return kept
         target = f"{found['forward_method']} {found['forward_url']}"
-        if status in (429, 503):
-            delay = retry_after(response.headers.get("retry-after"))
-            if delay is not None:
-                log.info("run %d: %s answered %d, retrying in %ss", run.id, target, status, delay)
-                raise Retry(delay)
-        if status >= 500 or status in (429, 503):
+        delay = retry_after(response.headers.get("retry-after"))
+        if status in (429, 503) and delay is not None:
+            log.info("run %d: %s answered %d, retrying in %ss", run.id, target, status, delay)
+            raise Retry(delay)
+        if status >= 500 or status == 429:
             raise ForwardError(f"{target} answered {status}")
         raise Discard(f"{target} answered {status}", details=kept)
 

@@ -129,6 +129,11 @@ def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
     return make_by_name
 
 
+REPLY_KEY = "$reply"
+"""A sync run's result shaped ``{"$reply": {"status", "headers", "body"}}`` is the HTTP
+reply its webhook's sender gets (ingress/hooks.py)."""
+
+
 class Retry(Exception):
     """Raise from a handler to run it again after ``delay_seconds``.
 

@@ -11,7 +11,7 @@ ALTER TABLE triggers
     -- The same bounds as the admin API's, so that no other writer can store what the
     -- task could not send.
     ADD CONSTRAINT triggers_forward_url_valid
-        CHECK (forward_url ~ '^https?://[^\s]+$' AND length(forward_url) <= 2048),
+        CHECK (forward_url ~* '^https?://\S+$' AND length(forward_url) <= 2048),
     ADD CONSTRAINT triggers_forward_method_valid
         CHECK (forward_method IN ('POST', 'PUT', 'PATCH')),
     ADD CONSTRAINT triggers_forward_headers_range
