@@ -175,9 +175,10 @@ async def _send(found: dict[str, Any]) -> tuple[httpx.Response, bytes]:
     """Send the request as received; return the answer and its body, read up to one byte
     past what is kept (so the cut is known, and a huge body is never held).
 
-    One client per attempt: a connection kept between attempts would save a handshake,
-    but attempts to one endpoint are seconds apart when it is failing. The timeout bounds
-    the whole exchange, not each read, so a slow trickle cannot hold a slot longer.
+    One client per attempt, so the task holds nothing between runs: the price is a
+    connection (and TLS handshake) per delivery, which a client shared per worker would
+    save. The timeout bounds the whole exchange, not each read, so an endpoint that
+    trickles its answer cannot hold a slot longer.
     """
     body = bytes(found["body"])
     received = found["headers"] or {}
