@@ -2,7 +2,7 @@
 
 The public API::
 
-    from tidegate import Tidegate, NewRun, Retry, Cancel
+    from tidegate import Tidegate, NewRun, Retry, Cancel, Discard
 
 See ``tidegate.app`` for a quick start.
 """
@@ -16,12 +16,13 @@ from tidegate.errors import (
     UnknownTaskError,
 )
 from tidegate.lanes import WorkloopSpec, parse_chain, parse_workloops
-from tidegate.runs import Cancel, Retry, Run, RunState, current_run
+from tidegate.runs import Cancel, Discard, Retry, Run, RunState, current_run
 from tidegate.settings import Settings
 
 __all__ = [
     "Cancel",
     "ConfigError",
+    "Discard",
     "EnqueueError",
     "NewRun",
     "Retry",

@@ -35,7 +35,7 @@ from typing import Any, TypeVar, overload
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from tidegate import policies
+from tidegate import forward, policies
 from tidegate.errors import ConfigError, EnqueueError, InputError
 from tidegate.limits import check_identifier, check_json, check_lane, check_text
 from tidegate.projects import DEFAULT_PROJECT
@@ -109,6 +109,10 @@ class Tidegate:
         self.settings = settings or Settings.from_env(database_url=database_url, **options)
         self.database = Database(self.settings)
         self.tasks: dict[str, Task] = {}
+        # Every app can forward: a trigger's forward_url needs no code of the user's.
+        self.tasks[forward.FORWARD_TASK] = Task(
+            forward.FORWARD_TASK, forward.handler(self.aexecute), timeout=None
+        )
         self._async_pool: tuple[asyncio.AbstractEventLoop, AsyncConnectionPool] | None = None
         self._worker_checks: dict[tuple[str, str], float] = {}
         """When each (lane, task) was last found to have a live worker, or not."""
@@ -412,10 +416,18 @@ class Tidegate:
         self.close()
 
     async def aclose(self) -> None:
+        await self.aclose_pool()
+        self.database.close()
+
+    async def aclose_pool(self) -> None:
+        """Close the async pool (``aexecute``'s), if one is open; the next call opens one.
+
+        A worker does when it stops: its handlers may have used the pool
+        (``tidegate.forward`` does) on the loop that is about to end.
+        """
         if self._async_pool is not None:
             await self._async_pool[1].close()
             self._async_pool = None
-        self.database.close()
 
     # -- drivers ------------------------------------------------------------------
 

@@ -2,6 +2,9 @@
 
 - ``tidegate.echo``: replies with the webhook's body (``{"echo": body}``).
 - ``tidegate.sleep``: sleeps ``body["seconds"]`` (at most 60), then replies.
+
+Every app, this one too, also has ``tidegate.forward``, the task of triggers with a
+``forward_url`` (``tidegate.forward``, docs/forwarding.md).
 """
 
 from __future__ import annotations

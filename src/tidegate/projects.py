@@ -4,7 +4,8 @@ A *project* is a tenant and the unit of admission policy: its fast-lane cap, its
 concurrency, its ingest rate and burst, its backlog cap. A *trigger* is one webhook
 endpoint of a project: an unguessable token in its URL, a mode (``async``: acknowledge
 once durable; ``sync``: reply with the run's result), the task it runs, an optional
-Standard Webhooks signing secret, a body size limit and a sync timeout.
+Standard Webhooks signing secret, a body size limit and a sync timeout. A trigger with
+a ``forward_url`` delivers its webhooks there (task ``tidegate.forward``, ``forward.py``).
 
 Each operation is written once as ``Steps`` and run on a sync or an async connection.
 """
@@ -19,6 +20,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from tidegate import forward
 from tidegate.errors import InputError, TidegateError
 from tidegate.ingress.signatures import check_secret
 from tidegate.limits import (
@@ -34,7 +36,20 @@ from tidegate.storage.sql import Statement, Steps
 
 DEFAULT_PROJECT = "default"
 PROJECT_LIMITS = ("fast_lane_cap", "concurrency", "ingest_rate", "ingest_burst", "backlog_cap")
-TRIGGER_FIELDS = ("mode", "task", "secret", "max_body_bytes", "sync_timeout_seconds", "enabled")
+TRIGGER_FIELDS = (
+    "mode",
+    "task",
+    "secret",
+    "max_body_bytes",
+    "sync_timeout_seconds",
+    "enabled",
+    "forward_url",
+    "forward_method",
+    "forward_headers",
+    "forward_timeout_seconds",
+    "forward_secret",
+    "breaker_key",
+)
 
 
 class AdminError(InputError):
@@ -99,13 +114,21 @@ def list_projects(project_id: str | None = None) -> Steps[list[dict[str, Any]]]:
 
 
 def create_trigger(
-    project_id: str, name: str, *, mode: str, task: str, **options: Any
+    project_id: str, name: str, *, mode: str, task: str | None = None, **options: Any
 ) -> Steps[dict[str, Any]]:
-    """Create a trigger of a project; its URL token is in the result."""
+    """Create a trigger of a project; its URL token is in the result.
+
+    ``task`` may be left out when the trigger forwards (``forward_url``): it is
+    ``tidegate.forward`` then, and no other task is allowed.
+    """
     try:
         check_identifier(name, "trigger name")
     except InputError as error:
         raise AdminError(str(error)) from None
+    if task is None and options.get("forward_url") is not None:
+        task = forward.FORWARD_TASK
+    if task is None:
+        raise AdminError("a trigger needs a task, or a forward_url")
     options = _check_trigger({"mode": mode, "task": task, **options})
     params: dict[str, Any] = {
         "project": project_id,
@@ -116,10 +139,18 @@ def create_trigger(
     }
     params.update({field: options.get(field) for field in TRIGGER_FIELDS if field not in params})
     rows = yield Statement("insert_trigger", params, dict_row)
-    return dict(rows[0])
+    return shown_trigger(rows[0])
 
 
 def update_trigger(trigger_id: int, **changes: Any) -> Steps[dict[str, Any]]:
+    """Change the fields given; a ``forward_url`` makes the task ``tidegate.forward``.
+
+    Clearing the ``forward_url`` (``None``) needs the task the webhooks go to instead.
+    """
+    if changes.get("forward_url") is not None:
+        changes.setdefault("task", forward.FORWARD_TASK)
+    elif "forward_url" in changes and changes.get("task") in (None, forward.FORWARD_TASK):
+        raise AdminError("clearing forward_url needs the task the webhooks go to instead")
     changes = _check_trigger(changes)
     patch = {name: value for name, value in changes.items() if name in TRIGGER_FIELDS}
     rows = yield Statement(
@@ -127,14 +158,28 @@ def update_trigger(trigger_id: int, **changes: Any) -> Steps[dict[str, Any]]:
     )
     if not rows:
         raise NotFoundError(f"no trigger {trigger_id}")
-    return dict(rows[0])
+    return shown_trigger(rows[0])
 
 
 def list_triggers(
     project_id: str | None = None, trigger_id: int | None = None
 ) -> Steps[list[dict[str, Any]]]:
     rows = yield Statement("list_triggers", {"project": project_id, "id": trigger_id}, dict_row)
-    return [dict(row) for row in rows]
+    return [shown_trigger(row) for row in rows]
+
+
+def shown_trigger(row: dict[str, Any]) -> dict[str, Any]:
+    """Return a trigger as the admin API and CLI show it.
+
+    The forward secret signs what tidegate sends: it is a credential toward the
+    endpoint, so only whether one is set is shown. The breaker key shown is the one in
+    force: the one given, else the forward URL's destination.
+    """
+    shown = dict(row)
+    shown["forward_secret_set"] = shown.pop("forward_secret", None) is not None
+    if shown.get("forward_url") is not None and shown.get("breaker_key") is None:
+        shown["breaker_key"] = forward.breaker_key_of(shown["forward_url"])
+    return shown
 
 
 def domain_error(error: psycopg.Error) -> TidegateError:
@@ -148,6 +193,12 @@ def domain_error(error: psycopg.Error) -> TidegateError:
         "triggers_mode_valid": "mode must be 'async' or 'sync'",
         "triggers_max_body_range": "max_body_bytes must be 1 to 104857600",
         "triggers_sync_timeout_range": "sync_timeout_seconds must be > 0",
+        "triggers_forward_task": "a trigger with a forward_url runs task 'tidegate.forward'",
+        "triggers_forward_url_valid": "forward_url must be an http(s) URL",
+        "triggers_forward_method_valid": "forward_method must be POST, PUT or PATCH",
+        "triggers_forward_headers_range": "forward_headers holds at most 32 names",
+        "triggers_forward_timeout_range": "forward_timeout_seconds must be > 0 and <= 300",
+        "triggers_breaker_key_range": "breaker_key must be 1 to 255 characters",
     }
     if constraint == "triggers_project_fkey":
         return NotFoundError(messages[constraint])
@@ -172,6 +223,7 @@ LIMIT_BOUNDS: Bounds = {
 TRIGGER_BOUNDS: Bounds = {
     "max_body_bytes": (1, 104_857_600, True),
     "sync_timeout_seconds": (0.001, 3600.0, False),
+    "forward_timeout_seconds": (0.001, forward.MAX_TIMEOUT_SECONDS, False),
 }
 
 
@@ -203,6 +255,24 @@ def _check_trigger(fields: dict[str, Any]) -> dict[str, Any]:
             check_text(fields["task"], "task")
         if fields.get("secret") is not None:
             check_secret(str(fields["secret"]))
+        if fields.get("forward_secret") is not None:
+            check_secret(str(fields["forward_secret"]))
+        if fields.get("forward_url") is not None:
+            forward.check_url(fields["forward_url"])
+            if fields.get("task") not in (None, forward.FORWARD_TASK):
+                raise InputError(
+                    f"a trigger with a forward_url runs task {forward.FORWARD_TASK!r},"
+                    f" not {fields['task']!r}"
+                )
+        if fields.get("forward_method") not in (None, *forward.METHODS):
+            raise InputError(
+                f"forward_method must be one of {list(forward.METHODS)},"
+                f" got {fields['forward_method']!r}"
+            )
+        if fields.get("forward_headers") is not None:
+            checked["forward_headers"] = forward.check_header_names(fields["forward_headers"])
+        if fields.get("breaker_key") is not None:
+            check_text(fields["breaker_key"], "breaker_key")
         numbers = {name: fields[name] for name in TRIGGER_BOUNDS if name in fields}
         checked.update(check_numbers(numbers, TRIGGER_BOUNDS))
     except (InputError, ValueError) as error:

@@ -129,6 +129,11 @@ def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
     return make_by_name
 
 
+REPLY_KEY = "$reply"
+"""A sync run's result shaped ``{"$reply": {"status", "headers", "body"}}`` is the HTTP
+reply its webhook's sender gets (ingress/hooks.py)."""
+
+
 class Retry(Exception):
     """Raise from a handler to run it again after ``delay_seconds``.
 
@@ -146,6 +151,20 @@ class Cancel(Exception):
     def __init__(self, reason: str = "cancelled by its handler") -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class Discard(Exception):
+    """Raise from a handler to end its run ``discarded`` now, attempts left or not.
+
+    For a failure no retry can mend (a request the other side refuses for good):
+    retrying would only spend time and load. ``reason`` and ``details`` (JSON, such as
+    the refusal itself) are kept in the attempt's entry in the run's ``errors``.
+    """
+
+    def __init__(self, reason: str = "discarded by its handler", details: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.details = details
 
 
 _current_run: contextvars.ContextVar[Run] = contextvars.ContextVar("tidegate_current_run")

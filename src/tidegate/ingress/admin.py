@@ -15,7 +15,9 @@ import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, Security
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from tidegate import forward
 from tidegate.app import DEFAULT_LANE
+from tidegate.errors import InputError
 from tidegate.ingress.auth import BEARER, current_caller
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.ingress.signatures import check_secret
@@ -72,6 +74,33 @@ Secret = Annotated[
 ]
 
 
+def _checked(check: Any) -> AfterValidator:
+    """A pydantic validator from a ``tidegate`` check: its ``InputError`` becomes a 422."""
+
+    def validate(value: Any) -> Any:
+        try:
+            return check(value)
+        except InputError as error:
+            raise ValueError(str(error)) from None
+
+    return AfterValidator(validate)
+
+
+ForwardUrl = Annotated[
+    str,
+    Field(max_length=forward.MAX_URL_CHARS, description="http(s) URL the webhooks are sent to"),
+    _checked(forward.check_url),
+]
+ForwardHeaders = Annotated[
+    list[str],
+    Field(
+        max_length=forward.MAX_FORWARD_HEADERS,
+        description="names of the received headers to pass on",
+    ),
+    _checked(forward.check_header_names),
+]
+
+
 class ProjectLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -101,12 +130,26 @@ class TriggerFields(BaseModel):
     max_body_bytes: int | None = Field(None, ge=1, le=104_857_600)
     sync_timeout_seconds: float | None = Field(None, gt=0, le=3600, allow_inf_nan=False)
     enabled: bool | None = None
+    forward_url: ForwardUrl | None = Field(
+        None, description="deliver each webhook here (task tidegate.forward); null: do not"
+    )
+    forward_method: Literal["POST", "PUT", "PATCH"] | None = None
+    forward_headers: ForwardHeaders | None = None
+    forward_timeout_seconds: float | None = Field(
+        None, gt=0, le=forward.MAX_TIMEOUT_SECONDS, allow_inf_nan=False
+    )
+    forward_secret: Secret | None = Field(
+        None, description="sign what is sent (Standard Webhooks); never shown back"
+    )
+    breaker_key: Text | None = Field(
+        None, description="the circuit breaker's key; default: the URL's scheme://host:port"
+    )
 
 
 class NewTrigger(TriggerFields):
     name: TriggerName
     mode: Literal["async", "sync"]
-    task: Text
+    task: Text | None = Field(None, description="may be left out when forward_url is set")
 
 
 async def _apply(request: Request, steps: Steps[Any]) -> Any:
@@ -190,7 +233,10 @@ async def patch_project(
 async def post_trigger(
     project_id: ProjectIdPath, body: NewTrigger, request: Request
 ) -> dict[str, Any]:
-    """Create a trigger; ``url`` is where its webhooks go."""
+    """Create a trigger; ``url`` is where its webhooks go.
+
+    With a ``forward_url``, the task is ``tidegate.forward`` (leave ``task`` out).
+    """
     fields = body.model_dump(exclude={"name", "mode", "task"}, exclude_unset=True)
     created = await _apply(
         request, create_trigger(project_id, body.name, mode=body.mode, task=body.task, **fields)

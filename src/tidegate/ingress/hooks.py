@@ -14,6 +14,7 @@ sync one waits for its run.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import math
@@ -30,13 +31,14 @@ from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
+from tidegate.forward import breaker_key_of
 from tidegate.ingress.guard import CLOSE
 from tidegate.ingress.ledger import LoggedRequest
 from tidegate.ingress.server import Ingress, database_problem, problem, problem_responses
 from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text, parse_json
-from tidegate.runs import Run, RunState, run_row
+from tidegate.runs import REPLY_KEY, Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
 
@@ -50,8 +52,6 @@ NO_WORKER_RETRY_SECONDS = 5
 MAX_TOKEN_CHARS = 128
 """Longer than any trigger token: not looked up."""
 KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
-REPLY_KEY = "$reply"
-"""A handler's result shaped ``{"$reply": {"status", "headers", "body"}}`` is its HTTP reply."""
 FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 """An HTTP field name (RFC 9110 token)."""
 FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,8192}")
@@ -86,6 +86,19 @@ class Trigger:
     max_body_bytes: int
     sync_timeout_seconds: float
     enabled: bool
+    forward_url: str | None = None
+    breaker_key: str | None = None
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """What a run's args hold besides the request: a forwarding run's breaker key.
+
+        The run's key stays its project (admit_webhook sets it); the destination it
+        will be guarded by travels with it, to be seen in the run.
+        """
+        if self.forward_url is None:
+            return {}
+        return {"breaker_key": self.breaker_key or breaker_key_of(self.forward_url)}
 
 
 @router.post(
@@ -365,7 +378,9 @@ def _handler_reply(reply: dict[str, Any], headers: dict[str, str]) -> Response:
     (RFC 9110 tokens) to values of visible Latin-1 text, none of the fields the server
     frames the response with (``content-length``, ``transfer-encoding``, ``connection``).
     A status that carries no content (204, 205, 304) goes without the reply's body, as
-    HTTP requires: sent with one, the connection broke mid-response.
+    HTTP requires: sent with one, the connection broke mid-response. A body that is
+    bytes travels as base64 text with ``body_base64: true`` (tidegate.forward's results
+    do), and goes out decoded.
     """
     status = reply.get("status", 200)
     if isinstance(status, bool) or not isinstance(status, int) or not 200 <= status <= 599:
@@ -384,8 +399,11 @@ def _handler_reply(reply: dict[str, Any], headers: dict[str, str]) -> Response:
     body = reply.get("body")
     if status in NO_CONTENT:
         return Response(status_code=status, headers={**headers, **extra})
-    content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    media = "text/plain" if isinstance(body, str) else "application/json"
+    if reply.get("body_base64") is True and isinstance(body, str):
+        content, media = base64.b64decode(body, validate=True), "application/octet-stream"
+    else:
+        content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        media = "text/plain" if isinstance(body, str) else "application/json"
     return Response(content, status_code=status, headers={**headers, **extra}, media_type=media)
 
 
@@ -469,7 +487,9 @@ def _admit(
             "project": trigger.project,
             "lane": lane,
             "task": trigger.task,
-            "args": json.dumps({"body": payload, "headers": headers, "trigger": trigger.name}),
+            "args": json.dumps(
+                {"body": payload, "headers": headers, "trigger": trigger.name, **trigger.args}
+            ),
             # A sync caller is waiting: it gets the first attempt's outcome, and retries
             # are its own to make. Async runs retry with backoff.
             "max_attempts": 1 if lane == FAST_LANE else settings.max_attempts,

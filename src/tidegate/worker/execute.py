@@ -26,7 +26,7 @@ from typing import Any
 from tidegate.app import Task
 from tidegate.errors import InputError
 from tidegate.limits import check_json
-from tidegate.runs import Cancel, Retry, Run, RunState, _current_run
+from tidegate.runs import Cancel, Discard, Retry, Run, RunState, _current_run
 from tidegate.settings import Settings
 
 log = logging.getLogger("tidegate.worker")
@@ -95,6 +95,11 @@ async def execute(run: Run, task: Task, executor: Executor, settings: Settings) 
     except Cancel as cancel:
         error, message = _error(run, f"Cancel: {cancel.reason}")
         return _finished(run, RunState.CANCELLED, error=error, message=message)
+    except Discard as discard:
+        error, message = _error(
+            run, f"Discard: {discard.reason}", details=_details(discard.details, settings)
+        )
+        return _finished(run, RunState.DISCARDED, error=error, message=message)
     except TimeoutError:
         return _failed(run, task, settings, f"TimeoutError: attempt exceeded {task.timeout}s", None)
     except Exception as exc:
@@ -181,7 +186,9 @@ def _finished(
     )
 
 
-def _error(run: Run, message: str, exc: BaseException | None = None) -> tuple[str, str]:
+def _error(
+    run: Run, message: str, exc: BaseException | None = None, *, details: Any = None
+) -> tuple[str, str]:
     """Return an attempt's error entry (JSON text) and its one-line message."""
     message = _storable(message)[:MAX_MESSAGE_CHARS]
     entry: dict[str, Any] = {
@@ -193,7 +200,21 @@ def _error(run: Run, message: str, exc: BaseException | None = None) -> tuple[st
         entry["traceback"] = _storable("".join(traceback.format_exception(exc)))[
             -MAX_TRACEBACK_CHARS:
         ]
+    if details is not None:
+        entry["details"] = details
     return json.dumps(entry), message
+
+
+def _details(details: Any, settings: Settings) -> Any:
+    """Return a ``Discard``'s details if jsonb can hold them, else why they were dropped.
+
+    The run must end discarded whatever its handler put in them.
+    """
+    try:
+        check_json(details, "the discard's details", settings.max_json_depth)
+    except InputError as error:
+        return {"dropped": str(error)}
+    return details
 
 
 def _storable(text: str) -> str:

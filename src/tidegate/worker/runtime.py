@@ -446,6 +446,7 @@ class Worker:
             )
         finally:
             await self.pool.close()
+            await self.app.aclose_pool()
             self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped", self.id)
 

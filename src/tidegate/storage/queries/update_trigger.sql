@@ -1,4 +1,5 @@
--- Change the fields named in the patch (a JSON object); a JSON null clears the secret.
+-- Change the fields named in the patch (a JSON object); a JSON null clears the secrets,
+-- the forward URL and the breaker key.
 UPDATE triggers SET
     mode = coalesce(%(patch)s::jsonb ->> 'mode', mode),
     task = coalesce(%(patch)s::jsonb ->> 'task', task),
@@ -7,6 +8,19 @@ UPDATE triggers SET
     sync_timeout_seconds = coalesce((%(patch)s::jsonb ->> 'sync_timeout_seconds')::float8,
                                     sync_timeout_seconds),
     enabled = coalesce((%(patch)s::jsonb ->> 'enabled')::boolean, enabled),
+    forward_url = CASE WHEN %(patch)s::jsonb ? 'forward_url'
+                       THEN %(patch)s::jsonb ->> 'forward_url' ELSE forward_url END,
+    forward_method = coalesce(%(patch)s::jsonb ->> 'forward_method', forward_method),
+    forward_headers = CASE WHEN jsonb_typeof(%(patch)s::jsonb -> 'forward_headers') = 'array'
+                           THEN ARRAY(SELECT jsonb_array_elements_text(
+                                          %(patch)s::jsonb -> 'forward_headers'))
+                           ELSE forward_headers END,
+    forward_timeout_seconds = coalesce((%(patch)s::jsonb ->> 'forward_timeout_seconds')::float8,
+                                       forward_timeout_seconds),
+    forward_secret = CASE WHEN %(patch)s::jsonb ? 'forward_secret'
+                          THEN %(patch)s::jsonb ->> 'forward_secret' ELSE forward_secret END,
+    breaker_key = CASE WHEN %(patch)s::jsonb ? 'breaker_key'
+                       THEN %(patch)s::jsonb ->> 'breaker_key' ELSE breaker_key END,
     updated_at = now()
 WHERE id = %(id)s
 RETURNING *

@@ -1,0 +1,288 @@
+"""``tidegate.forward``: the built-in task that delivers a webhook to an HTTP endpoint.
+
+A trigger with a ``forward_url`` admits its webhooks as runs of this task. Each
+attempt reads the request as it was received (``requests``: the raw body, its content
+type, the headers kept) and the trigger's forward settings as they are now, and sends
+the body unchanged. What the endpoint answers decides the run:
+
+======================  ===============================================================
+answer                  the run
+======================  ===============================================================
+2xx                     succeeded; the result is the response (``kept_response``)
+429, 503 + Retry-After  retried after that delay (``Retry``: the attempt is given back)
+other 5xx, no answer    failed: retried with backoff, discarded after ``max_attempts``
+(connection, timeout)
+other 3xx and 4xx       discarded at once (``Discard``), the response in its errors
+======================  ===============================================================
+
+A sync trigger's caller is waiting: every answer the endpoint gives becomes the
+caller's (``$reply``), as a proxy would pass it on; only no answer at all fails the
+run (the caller gets 502).
+
+Every tidegate app registers the task (``Tidegate.__init__``), so any worker can take
+forwarding runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import email.utils
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+from psycopg.rows import dict_row
+
+from tidegate.errors import InputError
+from tidegate.ingress.signatures import sign
+from tidegate.lanes import FAST_LANE
+from tidegate.limits import check_text
+from tidegate.runs import REPLY_KEY, Discard, Retry, current_run
+from tidegate.storage.sql import Statement, Steps
+
+log = logging.getLogger("tidegate.forward")
+
+FORWARD_TASK = "tidegate.forward"
+METHODS = ("POST", "PUT", "PATCH")
+MAX_URL_CHARS = 2048
+MAX_FORWARD_HEADERS = 32
+DEFAULT_TIMEOUT_SECONDS = 10.0
+MAX_TIMEOUT_SECONDS = 300.0
+MAX_KEPT_BODY_BYTES = 64 * 1024
+"""The most of a response body a run's result keeps (and a sync caller gets)."""
+MAX_RETRY_AFTER_SECONDS = 3600.0
+"""A longer Retry-After is cut to this: a downstream cannot park a run for days."""
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+NOT_PASSED_ON = HOP_BY_HOP | {"host", "content-length", "content-type", "content-encoding"}
+"""Received headers a trigger may not list in ``forward_headers``: the hop-by-hop ones
+belong to the connection they came on, and the others are set from the request sent."""
+NOT_KEPT = HOP_BY_HOP | {"content-length", "content-encoding", "date", "server"}
+"""Response headers not kept: the body is kept decoded, its length is set anew, and the
+ingress that replies to a sync caller sends its own ``date`` and ``server``."""
+
+
+class ForwardError(Exception):
+    """The endpoint gave no answer, or one that a retry may mend (5xx)."""
+
+
+def check_url(url: Any) -> str:
+    """Return ``url`` if the task can send to it, else raise ``InputError`` saying why.
+
+    ``http`` or ``https``, a host, a valid port, at most ``MAX_URL_CHARS`` visible ASCII
+    characters, and no user or password: the URL is shown by the admin API, so
+    credentials go in a passed-on header or the signing secret instead.
+    """
+    text = check_text(url, "forward_url", MAX_URL_CHARS)
+    if not text.isascii() or not text.isprintable() or " " in text:
+        raise InputError("forward_url must be visible ASCII (percent-encode anything else)")
+    try:
+        parts = urlsplit(text)
+        httpx.URL(text)
+    except (ValueError, httpx.InvalidURL) as error:
+        raise InputError(f"forward_url is not a valid URL: {error}") from None
+    if parts.scheme not in DEFAULT_PORTS:
+        raise InputError(f"forward_url must be http:// or https://, got {parts.scheme!r}")
+    try:
+        parts.port  # noqa: B018 (raises on a port out of range or not a number)
+    except ValueError:
+        raise InputError("forward_url has an invalid port") from None
+    if not parts.hostname:
+        raise InputError("forward_url has no host")
+    if parts.username is not None or parts.password is not None:
+        raise InputError("forward_url must not hold a user or password")
+    return text
+
+
+def breaker_key_of(url: str) -> str:
+    """Return the destination of ``url`` as ``scheme://host:port``, the default port filled in.
+
+    The default breaker key: runs to one origin share one circuit breaker, whatever
+    their path.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{parts.port or DEFAULT_PORTS[parts.scheme]}"
+
+
+def check_header_names(names: Any) -> list[str]:
+    """Return the names of received headers to pass on, lower-cased, or raise."""
+    if not isinstance(names, list | tuple) or len(names) > MAX_FORWARD_HEADERS:
+        raise InputError(f"forward_headers must be a list of at most {MAX_FORWARD_HEADERS} names")
+    checked = []
+    for name in names:
+        if not isinstance(name, str) or not name or len(name) > 256 or not _token(name):
+            raise InputError(f"forward_headers: {str(name)[:40]!r} is not a header name")
+        if name.lower() in NOT_PASSED_ON:
+            raise InputError(f"forward_headers: {name!r} cannot be passed on")
+        checked.append(name.lower())
+    return checked
+
+
+def _token(name: str) -> bool:
+    """Tell whether ``name`` is an HTTP field name (an RFC 9110 token)."""
+    return all(c.isascii() and (c.isalnum() or c in "!#$%&'*+.^_`|~-") for c in name)
+
+
+def handler(execute: Callable[[Steps[Any]], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Return the task's handler, reading the database through ``execute`` (the app's)."""
+
+    async def forward(**_: Any) -> dict[str, Any]:
+        run = current_run()
+        found = await execute(_find_forward(run.id))
+        if found is None or found["forward_url"] is None:
+            raise Discard(f"run {run.id}: no request, or its trigger no longer forwards")
+        response, content = await _send(found)
+        kept = kept_response(response, content)
+        status = response.status_code
+        if run.lane == FAST_LANE:  # a sync trigger's caller waits for the answer
+            return {REPLY_KEY: kept}
+        if 200 <= status < 300:
+            return kept
+        target = f"{found['forward_method']} {found['forward_url']}"
+        delay = retry_after(response.headers.get("retry-after"))
+        if status in (429, 503) and delay is not None:
+            log.info("run %d: %s answered %d, retrying in %ss", run.id, target, status, delay)
+            raise Retry(delay)
+        if status >= 500 or status == 429:
+            raise ForwardError(f"{target} answered {status}")
+        raise Discard(f"{target} answered {status}", details=kept)
+
+    return forward
+
+
+async def _send(found: dict[str, Any]) -> tuple[httpx.Response, bytes]:
+    """Send the request as received; return the answer and its body, read up to one byte
+    past what is kept (so the cut is known, and a huge body is never held).
+
+    One client per attempt, so the task holds nothing between runs: the price is a
+    connection (and TLS handshake) per delivery, which a client shared per worker would
+    save. The timeout bounds the whole exchange, not each read, so an endpoint that
+    trickles its answer cannot hold a slot longer.
+    """
+    body = bytes(found["body"])
+    received = found["headers"] or {}
+    headers = {name: received[name] for name in found["forward_headers"] if name in received}
+    if found["content_type"]:
+        headers["content-type"] = found["content_type"]
+    if found["forward_secret"]:
+        # The same id on every attempt lets the endpoint drop a repeat; the timestamp is
+        # fresh, as the endpoint refuses one more than five minutes old.
+        webhook_id = f"req_{found['request_id']}"
+        timestamp = int(time.time())
+        headers["webhook-id"] = webhook_id
+        headers["webhook-timestamp"] = str(timestamp)
+        headers["webhook-signature"] = sign(found["forward_secret"], webhook_id, timestamp, body)
+    timeout = found["forward_timeout_seconds"]
+    target = f"{found['forward_method']} {found['forward_url']}"
+    try:
+        async with asyncio.timeout(timeout), httpx.AsyncClient(timeout=timeout) as client:
+            request = client.build_request(
+                found["forward_method"], found["forward_url"], content=body, headers=headers
+            )
+            response = await client.send(request, stream=True)
+            try:
+                return response, await _read_bounded(response)
+            finally:
+                await response.aclose()
+    except TimeoutError:
+        raise ForwardError(f"{target}: no answer within {timeout}s") from None
+    except httpx.HTTPError as error:
+        raise ForwardError(f"{target}: {type(error).__name__}: {error}") from error
+
+
+async def _read_bounded(response: httpx.Response) -> bytes:
+    chunks = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > MAX_KEPT_BODY_BYTES:
+            break
+    return b"".join(chunks)
+
+
+def kept_response(response: httpx.Response, content: bytes) -> dict[str, Any]:
+    """Return what a run keeps of a response: ``{status, headers, body, ...}``.
+
+    The body is its first ``MAX_KEPT_BODY_BYTES``, as text when it is UTF-8 (without NUL,
+    which jsonb cannot hold), else as base64 (``body_base64: true``); ``truncated`` says
+    whether it was cut. Headers that belong to the connection or the framing are left
+    out, as are values a reply could not carry again.
+    """
+    truncated = len(content) > MAX_KEPT_BODY_BYTES
+    content = content[:MAX_KEPT_BODY_BYTES]
+    text = _text(content, truncated)
+    headers: dict[str, str] = {}
+    for name, value in response.headers.multi_items():
+        if name in NOT_KEPT or not (value.isascii() and value.isprintable()):
+            continue
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    kept: dict[str, Any] = {"status": response.status_code, "headers": headers}
+    if text is None:
+        kept.update(body=base64.b64encode(content).decode(), body_base64=True)
+    else:
+        kept["body"] = text
+    kept["truncated"] = truncated
+    return kept
+
+
+def _text(content: bytes, truncated: bool) -> str | None:
+    """Return ``content`` as text, or ``None`` when it is not UTF-8 without NUL.
+
+    A cut body may end inside a character: those last bytes are dropped.
+    """
+    try:
+        text = content.decode()
+    except UnicodeDecodeError as error:
+        if not (truncated and error.reason == "unexpected end of data"):
+            return None
+        text = content[: error.start].decode()
+    return None if "\x00" in text else text
+
+
+def retry_after(value: str | None) -> float | None:
+    """Return the seconds a ``Retry-After`` asks for (a number or an HTTP date), bounded.
+
+    ``None`` when there is none or it cannot be read: the run then backs off as after
+    any failure.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        seconds = float(value)
+    else:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        seconds = (when - datetime.now(UTC)).total_seconds()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
+
+
+def _find_forward(run_id: int) -> Steps[dict[str, Any] | None]:
+    rows = yield Statement("find_forward", {"run_id": run_id}, dict_row)
+    return dict(rows[0]) if rows else None
