@@ -13,15 +13,19 @@ import base64
 import subprocess
 from collections import Counter
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from tests.conftest import wait_until
 from tests.http_fixtures import ApiServer, create_project, create_trigger
 from tests.test_metrics import scrape, series
-from tidegate import Tidegate
+from tidegate import Settings, Tidegate
+from tidegate.ingress.ledger import MAX_UNWRITTEN_REQUESTS, Ledger, LoggedRequest
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 
@@ -192,3 +196,40 @@ def test_metrics_name_no_more_than_the_busiest_projects(
         ("(other)", "async", "admitted", "202"): 3,
         ("(other)", "sync", "over_cap", "429"): 2,
     }
+
+
+async def test_the_log_waiting_for_a_database_that_is_down_stays_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A pool whose server cannot be reached: every flush fails, as with a database down.
+    pool = AsyncConnectionPool(
+        "host=127.0.0.1 port=1 connect_timeout=1", min_size=0, max_size=1, timeout=0.2, open=False
+    )
+    await pool.open(wait=False)
+    ledger = Ledger(pool, Settings())
+    request = LoggedRequest(
+        1, "acme", "rate_limited", 429, "", None, None, None, {}, b"{}", False,
+        datetime.now(UTC),
+    )  # fmt: skip
+    try:
+        for _ in range(3):
+            for _ in range(400):
+                ledger.keep(request)
+                ledger.count("acme", "async", "rate_limited", 429, 0.001)
+            # More arrive while the flush waits for the database: put back with them,
+            # the buffer keeps its bound.
+            flush = asyncio.create_task(ledger.flush())
+            await wait_until(lambda: not ledger.requests, 5, interval=0.001)
+            for _ in range(400):
+                ledger.keep(request)
+            with pytest.raises(psycopg.OperationalError):
+                await flush
+            assert len(ledger.requests) <= MAX_UNWRITTEN_REQUESTS
+        assert len(ledger.requests) == MAX_UNWRITTEN_REQUESTS
+        # What did not fit was said, each round, and counted: none silently dropped.
+        said = [int(r.getMessage().split()[2]) for r in caplog.records if "not kept" in r.message]
+        assert sum(said) + ledger.let_go == 3 * 800 - MAX_UNWRITTEN_REQUESTS
+        # The counts are all kept for the next flush: nothing counted is lost.
+        assert ledger.counts.unwritten[("acme", "async", "rate_limited", 429)].count == 1200
+    finally:
+        await pool.close()

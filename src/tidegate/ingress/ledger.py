@@ -106,6 +106,13 @@ class Ledger:
         self.requests.append(request)
         self.unwritten_bytes += size
 
+    def _put_back(self, requests: list[LoggedRequest]) -> None:
+        """Keep requests a failed flush did not write, oldest first, within the buffer's
+        bounds: a database that stays down must not make the buffer grow every second."""
+        waiting, self.requests, self.unwritten_bytes = requests + self.requests, [], 0
+        for request in waiting:
+            self.keep(request)
+
     async def flush(self) -> bool:
         """Write what was counted and kept since the last flush; keep it if that fails."""
         counted = self.counts.take()
@@ -129,8 +136,7 @@ class Ledger:
             )
         except BaseException:
             self.counts.restore(counted)
-            self.requests = requests + self.requests
-            self.unwritten_bytes += sum(len(r.body) for r in requests)
+            self._put_back(requests)
             raise
         if requests:
             await fetch(
