@@ -6,6 +6,7 @@ import pytest
 
 from tidegate import ConfigError, Settings, WorkloopSpec, parse_chain, parse_workloops
 from tidegate.lanes import DEFAULT_CHAIN, chain_admits, chain_or_default
+from tidegate.settings import COUNT_BOUNDS
 
 
 def test_filter_chain_keeps_order_and_admits_only_named_lanes() -> None:
@@ -101,3 +102,19 @@ def test_settings_read_environment_and_overrides_win() -> None:
     assert settings.schema == "other"
     with pytest.raises(ConfigError, match="TIDEGATE_LEASE_SECONDS"):
         Settings.from_env({"TIDEGATE_LEASE_SECONDS": "soon"})
+
+
+@pytest.mark.parametrize("name", sorted(COUNT_BOUNDS))
+def test_every_whole_number_setting_refuses_a_value_past_its_bounds(name: str) -> None:
+    low, high = COUNT_BOUNDS[name]
+    Settings(**{name: low})
+    Settings(**{name: high})
+    for hostile in (low - 1, high + 1, -(2**63)):
+        with pytest.raises(ConfigError, match=name):
+            Settings(**{name: hostile})
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), 1e12])
+def test_the_dashboard_session_length_is_bounded(value: float) -> None:
+    with pytest.raises(ConfigError, match="ui_session_seconds"):
+        Settings(ui_session_seconds=value)
