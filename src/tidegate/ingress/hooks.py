@@ -9,6 +9,10 @@ database call admits or rejects (``admit_webhook``): 429 for the project's inges
 or fast-lane cap, 503 when no worker can take a fast-lane run or the backlog is full.
 An admitted async webhook is answered 202 once its request and run are committed; a
 sync one waits for its run.
+
+Every answer is counted, and a request to a known trigger that made no run is kept for
+the webhook log, by this process's ``Ledger`` (ingress/ledger.py): in memory, written
+about once a second after the answer, never in the request's own path.
 """
 
 from __future__ import annotations
