@@ -2,7 +2,7 @@
 
 The public API::
 
-    from tidegate import Tidegate, NewRun, Retry, Cancel, Discard
+    from tidegate import Tidegate, NewRun, Retry, Cancel, Discard, DownstreamFailing
 
 See ``tidegate.app`` for a quick start.
 """
@@ -16,13 +16,14 @@ from tidegate.errors import (
     UnknownTaskError,
 )
 from tidegate.lanes import WorkloopSpec, parse_chain, parse_workloops
-from tidegate.runs import Cancel, Discard, Retry, Run, RunState, current_run
+from tidegate.runs import Cancel, Discard, DownstreamFailing, Retry, Run, RunState, current_run
 from tidegate.settings import Settings
 
 __all__ = [
     "Cancel",
     "ConfigError",
     "Discard",
+    "DownstreamFailing",
     "EnqueueError",
     "NewRun",
     "Retry",

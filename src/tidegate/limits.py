@@ -20,6 +20,7 @@ bodies, results             (64), strings and keys without   NaN; deep nesting e
 counts (caps, limits)       0 .. 2**31 - 1                   integer columns
 run ids                     1 .. 2**63 - 1                   bigint
 rates, per second           0.001 .. 1,000,000               1/rate must be an interval
+retry delays, seconds       0 .. 31,536,000 (a year)         a timestamp must hold them
 weights                     0.001 .. 1,000                   1/weight is a clock step
 bearer tokens               1-255 visible ASCII characters   what an Authorization
                                                              header can carry
@@ -54,6 +55,7 @@ MIN_RATE = 0.001
 MAX_RATE = 1_000_000.0
 MIN_WEIGHT = 0.001
 MAX_WEIGHT = 1000.0
+MAX_DELAY_SECONDS = 365 * 24 * 3600.0
 
 IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A project id or a trigger name."""

@@ -6,12 +6,36 @@ their own) sets:
 
 - ``max_running``: at most this many of the key's runs in flight in the lane;
 - ``weight``: the key's share of claims among keys with ready runs (2 = twice 1's);
-- ``rate`` and ``rate_burst``: runs started per second, with a burst.
+- ``rate`` and ``rate_burst``: runs started per second, with a burst;
+- a circuit breaker (``breaker_*``, below).
 
 Claims enforce them exactly, in the claim's transaction (see ``claim_runs`` in
-migration 0003); a change holds for the next claim. ``fast_lane`` runs are exempt: their
-bound is the admission cap. A project's ``concurrency`` (see ``tidegate.projects``)
-bounds its runs in flight across every other lane.
+migration 0003); a change holds for the next claim. ``fast_lane`` runs are exempt from
+the limits: their bound is the admission cap; breakers hold there too. A project's
+``concurrency`` (see ``tidegate.projects``) bounds its runs in flight across every
+other lane.
+
+Circuit breakers (migration 0013). A key has one when ``breaker_failures`` or
+``breaker_ratio`` applies to it:
+
+==============================  =======  ===============================================
+field                           default  meaning
+==============================  =======  ===============================================
+``breaker_failures``                     open after this many failed attempts in the
+                                         window...
+``breaker_ratio``                        ...or when this share (0-1] of the window's
+``breaker_min_attempts``        10       attempts failed, once there are this many
+``breaker_window_seconds``      60       the counting window (fixed, restarted when over)
+``breaker_cooldown_seconds``    30       how long it stays open the first time
+``breaker_max_cooldown_seconds`` 600     a failed probe doubles the cooldown up to this
+``breaker_probes``              1        half-open: runs let through at once
+==============================  =======  ===============================================
+
+Open, the key's runs are not claimed: they spend no attempt and take no slot, and a
+sync webhook of the key gets 503 with the cooldown's remaining time. Failures are the
+attempts that raise (timeouts included) or raise ``DownstreamFailing``; a ``Discard``
+(bad input), ``Cancel`` or ``Retry`` does not count. An admin can force a breaker open
+or closed (``force_breaker``).
 """
 
 from __future__ import annotations
@@ -35,8 +59,23 @@ from tidegate.limits import (
 )
 from tidegate.storage.sql import Statement, Steps
 
-POLICY_FIELDS = ("max_running", "weight", "rate", "rate_burst")
+POLICY_FIELDS = (
+    "max_running",
+    "weight",
+    "rate",
+    "rate_burst",
+    "breaker_failures",
+    "breaker_ratio",
+    "breaker_min_attempts",
+    "breaker_window_seconds",
+    "breaker_cooldown_seconds",
+    "breaker_max_cooldown_seconds",
+    "breaker_probes",
+)
 ANY_KEY = "*"
+FORCES = ("open", "closed")
+MAX_BREAKER_SECONDS = 86400.0
+MAX_BREAKER_PROBES = 1000
 
 
 class PolicyError(InputError):
@@ -53,13 +92,44 @@ def set_key_policy(lane: str, key: str = ANY_KEY, **fields: Any) -> Steps[dict[s
     rows = yield Statement(
         "upsert_key_policy", {"lane": lane, "key": key, "patch": json.dumps(fields)}, dict_row
     )
+    yield Statement("delete_stray_breakers", {"lane": lane})
     return dict(rows[0])
 
 
 def clear_key_policy(lane: str, key: str = ANY_KEY) -> Steps[bool]:
     """Remove the policy of ``key`` in ``lane``; tell whether there was one."""
     rows = yield Statement("delete_key_policy", {"lane": lane, "key": key})
+    yield Statement("delete_stray_breakers", {"lane": lane})
     return bool(rows)
+
+
+def list_breakers(lane: str | None = None, limit: int = 1000) -> Steps[list[dict[str, Any]]]:
+    """The circuit breakers that are not plainly closed (open, half-open, forced, or
+    counting failures), most urgent first: ``state`` is ``closed``, ``open`` (until
+    ``open_until``), ``half_open``, ``forced_open`` or ``forced_closed``."""
+    rows = yield Statement("list_breakers", {"lane": lane, "limit": limit}, dict_row)
+    return [dict(row) for row in rows]
+
+
+def force_breaker(lane: str, key: str, force: str | None) -> Steps[dict[str, Any] | None]:
+    """Force the breaker of ``key`` in ``lane`` open or closed; ``None`` hands it back to
+    its policy, closed and counting afresh. Return its state (``None`` once handed back).
+
+    Forced open, the key's runs wait unclaimed and its sync webhooks get 503 until it is
+    released; forced closed, its failures are not counted and its runs flow.
+    """
+    try:
+        check_lane(lane)
+        check_text(key, "key")
+    except InputError as error:
+        raise PolicyError(str(error)) from None
+    if force is not None and force not in FORCES:
+        raise PolicyError(f"force must be one of {list(FORCES)} or null, got {force!r}")
+    if force is None:
+        yield Statement("release_breaker", {"lane": lane, "key": key})
+        return None
+    rows = yield Statement("force_breaker", {"lane": lane, "key": key, "force": force}, dict_row)
+    return dict(rows[0])
 
 
 def list_key_policies(lane: str | None = None) -> Steps[list[dict[str, Any]]]:
@@ -72,6 +142,13 @@ FIELD_BOUNDS: Bounds = {
     "weight": (MIN_WEIGHT, MAX_WEIGHT, False),
     "rate": (MIN_RATE, MAX_RATE, False),
     "rate_burst": (1, MAX_COUNT, True),
+    "breaker_failures": (1, MAX_COUNT, True),
+    "breaker_ratio": (0.01, 1.0, False),
+    "breaker_min_attempts": (1, MAX_COUNT, True),
+    "breaker_window_seconds": (0.1, MAX_BREAKER_SECONDS, False),
+    "breaker_cooldown_seconds": (0.1, MAX_BREAKER_SECONDS, False),
+    "breaker_max_cooldown_seconds": (0.1, 7 * MAX_BREAKER_SECONDS, False),
+    "breaker_probes": (1, MAX_BREAKER_PROBES, True),
 }
 """Each policy field's range and whether it is a whole number (tidegate.limits)."""
 

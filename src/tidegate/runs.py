@@ -21,6 +21,8 @@ from typing import Any
 from psycopg._cursor_base import BaseCursor
 from psycopg.rows import RowMaker
 
+from tidegate.limits import MAX_DELAY_SECONDS, check_number
+
 
 class RunState(StrEnum):
     """The states of a run; mirrors the SQL type ``run_state``."""
@@ -68,6 +70,8 @@ class Run:
     """Where the run stands on its key's fair clock (see migration 0003)."""
     rank: float = 0.0
     """The claim order within a lane: ``vtime + priority * 64``."""
+    probe: bool = False
+    """Whether its last claim took it as a half-open circuit breaker's probe."""
 
     @property
     def fields(self) -> dict[str, str | int]:
@@ -141,6 +145,7 @@ class Retry(Exception):
     """
 
     def __init__(self, delay_seconds: float = 0.0) -> None:
+        delay_seconds = _delay(delay_seconds, "the retry's delay_seconds")
         super().__init__(f"retry in {delay_seconds}s")
         self.delay_seconds = delay_seconds
 
@@ -165,6 +170,41 @@ class Discard(Exception):
         super().__init__(reason)
         self.reason = reason
         self.details = details
+
+
+class DownstreamFailing(Exception):
+    """Raise from a handler when what it calls is failing, not the input it was given.
+
+    The attempt counts as a failure for the key's circuit breaker (see
+    ``tidegate.policies``), is recorded in the run's errors, and is given back: the run
+    is retried after ``retry_after`` seconds (the downstream's own ``Retry-After``, when
+    it sent one), else after the usual backoff, without spending one of its attempts.
+    While the key's breaker is open, the run waits unclaimed. Without a breaker policy
+    such a run retries for as long as its downstream fails.
+
+    ``reply``: for a run whose caller is waiting (a sync trigger's), the HTTP reply to
+    give it now, ``{"status", "headers", "body"}`` as in ``$reply``; the run then ends
+    ``discarded`` with that reply as its result, still counted as a failure.
+    ``tidegate.forward`` passes a failing endpoint's answer on this way.
+    """
+
+    def __init__(
+        self,
+        reason: str = "the downstream is failing",
+        retry_after: float | None = None,
+        *,
+        reply: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = None if retry_after is None else _delay(retry_after, "retry_after")
+        self.reply = reply
+
+
+def _delay(seconds: Any, what: str) -> float:
+    """Return a delay a handler asked for, checked (raising in the handler, where the
+    mistake is: its attempt fails, saying why)."""
+    return check_number(seconds, what, 0.0, MAX_DELAY_SECONDS, whole=False)
 
 
 _current_run: contextvars.ContextVar[Run] = contextvars.ContextVar("tidegate_current_run")

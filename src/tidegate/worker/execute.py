@@ -26,7 +26,16 @@ from typing import Any
 from tidegate.app import Task
 from tidegate.errors import InputError
 from tidegate.limits import check_json
-from tidegate.runs import Cancel, Discard, Retry, Run, RunState, _current_run
+from tidegate.runs import (
+    REPLY_KEY,
+    Cancel,
+    Discard,
+    DownstreamFailing,
+    Retry,
+    Run,
+    RunState,
+    _current_run,
+)
 from tidegate.settings import Settings
 
 log = logging.getLogger("tidegate.worker")
@@ -51,6 +60,10 @@ class Outcome:
     """The error in one line, ``Type: message``, for the log."""
     delay_seconds: float = 0.0
     max_attempts: int = 1
+    verdict: str | None = None
+    """What the attempt tells of the key's downstream, for its circuit breaker:
+    ``"success"``, ``"failure"``, or ``None`` (a Retry, Cancel or Discard tells nothing:
+    bad input must not open its tenant's circuit)."""
 
     def as_row(self) -> dict[str, Any]:
         """Return the outcome as one element of ``complete_runs``' JSON batch."""
@@ -60,6 +73,7 @@ class Outcome:
             "state": self.state.value,
             "delay_seconds": self.delay_seconds,
             "max_attempts": self.max_attempts,
+            "verdict": self.verdict,
         }
         if self.result is not None:
             row["result"] = self.result
@@ -83,7 +97,11 @@ async def execute(run: Run, task: Task, executor: Executor, settings: Settings) 
             )
         else:
             result = await _in_thread(run, task, executor)
-        return _finished(run, RunState.SUCCEEDED, result=_result_json(result, settings))
+        return _finished(
+            run, RunState.SUCCEEDED, result=_result_json(result, settings), verdict="success"
+        )
+    except DownstreamFailing as failing:
+        return _downstream_failing(run, task, settings, failing)
     except Retry as retry:
         # A requested retry is not a failure: it gives the attempt back.
         return _finished(
@@ -158,9 +176,41 @@ def _failed(
 ) -> Outcome:
     error, message = _error(run, message, exc)
     if run.attempt >= run.max_attempts:
-        return _finished(run, RunState.DISCARDED, error=error, message=message)
-    delay = task.backoff(run.attempt) if task.backoff else backoff_seconds(run.attempt, settings)
-    return _finished(run, RunState.SCHEDULED, error=error, message=message, delay_seconds=delay)
+        return _finished(run, RunState.DISCARDED, error=error, message=message, verdict="failure")
+    return _finished(
+        run,
+        RunState.SCHEDULED,
+        error=error,
+        message=message,
+        delay_seconds=_backoff(run, task, settings),
+        verdict="failure",
+    )
+
+
+def _downstream_failing(
+    run: Run, task: Task, settings: Settings, failing: DownstreamFailing
+) -> Outcome:
+    """A failure that gives the attempt back (or, with a reply, ends the run with it)."""
+    error, message = _error(run, f"DownstreamFailing: {failing.reason}")
+    if failing.reply is not None:
+        result = _result_json({REPLY_KEY: failing.reply}, settings)
+        return _finished(
+            run, RunState.DISCARDED, result=result, error=error, message=message, verdict="failure"
+        )
+    delay = failing.retry_after
+    return _finished(
+        run,
+        RunState.SCHEDULED,
+        error=error,
+        message=message,
+        delay_seconds=_backoff(run, task, settings) if delay is None else delay,
+        max_attempts=run.max_attempts + 1,
+        verdict="failure",
+    )
+
+
+def _backoff(run: Run, task: Task, settings: Settings) -> float:
+    return task.backoff(run.attempt) if task.backoff else backoff_seconds(run.attempt, settings)
 
 
 def _finished(
@@ -172,6 +222,7 @@ def _finished(
     message: str | None = None,
     delay_seconds: float = 0.0,
     max_attempts: int | None = None,
+    verdict: str | None = None,
 ) -> Outcome:
     return Outcome(
         run_id=run.id,
@@ -183,6 +234,7 @@ def _finished(
         message=message,
         delay_seconds=delay_seconds,
         max_attempts=max_attempts or run.max_attempts,
+        verdict=verdict,
     )
 
 

@@ -216,7 +216,7 @@ class Completer(Service):
         failures = 0
         while True:
             try:
-                return {row[0] for row in await fetch(self.pool, "complete_runs", params)}
+                rows = await fetch(self.pool, "complete_runs", params)
             except psycopg.Error as error:
                 if not transient(error):
                     raise
@@ -226,6 +226,11 @@ class Completer(Service):
                     "completer: database unavailable, retrying in %.1fs: %s", delay, describe(error)
                 )
                 await asyncio.sleep(delay)
+                continue
+            for _, lane, key, change in rows:
+                if change is not None:
+                    _log_breaker(lane, key, change)
+            return {row[0] for row in rows if row[0] is not None}
 
     async def drain(self) -> None:
         """Write everything queued, then stop."""
@@ -235,6 +240,21 @@ class Completer(Service):
         while self.queue:
             batch, self.queue = self.queue, []
             await self.write(batch)
+
+
+def _log_breaker(lane: str, key: str, change: str) -> None:
+    """Say that a key's circuit breaker opened or closed (count_breaker_outcomes)."""
+    if change == "closed":
+        log.info("circuit breaker of key %r in lane %r closed: its probe succeeded", key, lane)
+    else:
+        log.warning(
+            "circuit breaker of key %r in lane %r %s: its runs wait unclaimed until the "
+            "cooldown ends (tidegate keys breakers)",
+            key,
+            lane,
+            "opened on its failures" if change == "opened" else "reopened: its probe failed",
+            extra={"lane": lane, "key": key, "breaker": change},
+        )
 
 
 class Listener(Service):

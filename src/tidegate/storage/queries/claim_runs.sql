@@ -1,9 +1,9 @@
 -- Claim up to %(demand)s runs for one workloop, following its lane chain, taking only
 -- runs of the tasks this worker has (%(tasks)s).
 --
--- limits: whether any key policy or project concurrency is set. Where none is, the
---   claim is this one set-based statement (prepared by psycopg after a few executions:
---   planned once per connection):
+-- limits: whether any key policy or project concurrency is set, or a breaker is forced
+--   open. Where none is, the claim is this one set-based statement (prepared by psycopg
+--   after a few executions: planned once per connection):
 --   named: the lanes the chain names, in chain order, one ordered probe of
 --     runs_claim_lane per lane. The nested loop over the chain (WITH ORDINALITY keeps its
 --     order) asks the next lane only when the lanes before it ran short, and the LIMIT
@@ -23,7 +23,8 @@
 -- worker has.
 WITH limits AS MATERIALIZED (
     SELECT EXISTS (SELECT 1 FROM key_policies)
-        OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL) AS apply
+        OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL)
+        OR EXISTS (SELECT 1 FROM key_breakers WHERE forced = 'open') AS apply
 ),
 named AS (
     SELECT probe.id
@@ -63,7 +64,8 @@ claimed AS (
         attempted_at = now(),
         worker_id = %(worker_id)s,
         workloop = %(workloop)s,
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8)
+        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
+        probe = false
     WHERE id = ANY(ARRAY(SELECT id FROM named UNION ALL SELECT id FROM rest))
     RETURNING *
 )

@@ -3,14 +3,15 @@
 -- The guard (still running, same attempt, same worker) keeps a late outcome from
 -- overwriting: a run that was rescued and claimed again, or cancelled meanwhile, keeps
 -- its newer state. The ids returned are the outcomes recorded; the worker notes the
--- others in their runs' errors (note_late_outcomes.sql). A retry goes back to
+-- others in their runs' errors (note_late_outcomes.sql); rows without an id tell of
+-- circuit breakers that opened or closed. A retry goes back to
 -- 'scheduled' with its delay; the stager makes it available when due. Finished
 -- fast-lane runs NOTIFY their id for a waiting caller.
 -- The batch arrives as one JSON array of objects: one parameter, parsed in C.
 WITH outcome AS (
     SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(
         id bigint, attempt smallint, state run_state, result text, error text,
-        delay_seconds float8, max_attempts smallint
+        delay_seconds float8, max_attempts smallint, verdict text
     )
 ),
 done AS (
@@ -31,7 +32,7 @@ done AS (
       AND runs.attempt = outcome.attempt
       AND runs.state = 'running'
       AND runs.worker_id = %(worker_id)s
-    RETURNING runs.id, runs.lane, runs.state
+    RETURNING runs.id, runs.lane, runs.key, runs.state, runs.probe, outcome.verdict
 ),
 notified AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
@@ -44,5 +45,29 @@ freed AS (
     FROM (SELECT DISTINCT lane FROM done) AS lanes
     WHERE EXISTS (SELECT 1 FROM key_policies)
        OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL)
+),
+-- Circuit breakers (migration 0013): the outcomes that tell of a downstream (verdict
+-- 'success' or 'failure'), by key, counted where any breaker policy is set, in (lane,
+-- key) order so that completions lock breaker rows in one order. Where one opens or
+-- closes, the change comes back beside the ids, for the worker's log.
+told AS MATERIALIZED (
+    SELECT lane, key,
+           count(*) FILTER (WHERE verdict = 'success')::integer AS successes,
+           count(*) FILTER (WHERE verdict = 'failure')::integer AS failures,
+           count(*) FILTER (WHERE verdict = 'success' AND probe)::integer AS probe_successes,
+           count(*) FILTER (WHERE verdict = 'failure' AND probe)::integer AS probe_failures
+    FROM done
+    WHERE verdict IS NOT NULL
+      AND EXISTS (SELECT 1 FROM key_policies
+                  WHERE breaker_failures IS NOT NULL OR breaker_ratio IS NOT NULL)
+    GROUP BY lane, key
+    ORDER BY lane, key
+),
+breakers AS (
+    SELECT lane, key, count_breaker_outcomes(
+               lane, key, successes, failures, probe_successes, probe_failures) AS change
+    FROM told
 )
-SELECT done.id FROM done, notified, freed
+SELECT done.id, NULL AS lane, NULL AS key, NULL AS change FROM done, notified, freed
+UNION ALL
+SELECT NULL, lane, key, change FROM breakers WHERE change IS NOT NULL

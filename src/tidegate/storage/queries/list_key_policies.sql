@@ -1,3 +1,3 @@
-SELECT lane, key, max_running, weight, rate, rate_burst, updated_at FROM key_policies
+SELECT * FROM key_policies
 WHERE %(lane)s::text IS NULL OR lane = %(lane)s
 ORDER BY lane, key = '*' DESC, key

@@ -22,6 +22,7 @@ rescued AS (
                      || ' stopped renewing it'
         )),
         lease_expires_at = NULL,
+        probe = false,  -- a rescued probe frees its half-open breaker's place
         -- Back in line where claiming has got to, not behind its key's whole backlog.
         vtime = greatest(runs.vtime, coalesce(lane_frontier(runs.lane), runs.vtime))
     FROM expired WHERE runs.id = expired.id

@@ -1,20 +1,21 @@
 -- Set a key's policy in a lane (key '*': the lane's default), changing only the fields
 -- named in the patch; a JSON null clears a field (it falls back to the lane's default).
--- Claims read it: it holds for the next claim.
-INSERT INTO key_policies AS p (lane, key, max_running, weight, rate, rate_burst)
-VALUES (
-    %(lane)s, %(key)s,
-    (%(patch)s::jsonb ->> 'max_running')::integer,
-    (%(patch)s::jsonb ->> 'weight')::float8,
-    (%(patch)s::jsonb ->> 'rate')::float8,
-    (%(patch)s::jsonb ->> 'rate_burst')::integer
-)
+-- jsonb_populate_record lays the patch over a row: the new one's NULLs, or the stored
+-- row, so that fields the patch does not name keep their value. Claims read it: it
+-- holds for the next claim.
+INSERT INTO key_policies AS p
+SELECT (jsonb_populate_record(
+    NULL::key_policies,
+    %(patch)s::jsonb || jsonb_build_object('lane', %(lane)s::text, 'key', %(key)s::text,
+                                           'updated_at', now())
+)).*
 ON CONFLICT (lane, key) DO UPDATE SET
-    max_running = CASE WHEN %(patch)s::jsonb ? 'max_running' THEN excluded.max_running
-                       ELSE p.max_running END,
-    weight = CASE WHEN %(patch)s::jsonb ? 'weight' THEN excluded.weight ELSE p.weight END,
-    rate = CASE WHEN %(patch)s::jsonb ? 'rate' THEN excluded.rate ELSE p.rate END,
-    rate_burst = CASE WHEN %(patch)s::jsonb ? 'rate_burst' THEN excluded.rate_burst
-                      ELSE p.rate_burst END,
-    updated_at = now()
-RETURNING lane, key, max_running, weight, rate, rate_burst, updated_at
+    (max_running, weight, rate, rate_burst, breaker_failures, breaker_ratio,
+     breaker_min_attempts, breaker_window_seconds, breaker_cooldown_seconds,
+     breaker_max_cooldown_seconds, breaker_probes, updated_at)
+    = (SELECT patched.max_running, patched.weight, patched.rate, patched.rate_burst,
+              patched.breaker_failures, patched.breaker_ratio, patched.breaker_min_attempts,
+              patched.breaker_window_seconds, patched.breaker_cooldown_seconds,
+              patched.breaker_max_cooldown_seconds, patched.breaker_probes, now()
+       FROM jsonb_populate_record(p, %(patch)s::jsonb) AS patched)
+RETURNING p.*
