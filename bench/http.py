@@ -968,6 +968,7 @@ def _admit_params(
         "project": trigger["project"],
         "lane": lane,
         "task": trigger["task"],
+        "key": trigger["project"],
         "args": json.dumps({"body": payload, "headers": kept, "trigger": trigger["name"]}),
         "max_attempts": 1 if lane == "fast_lane" else DEFAULT_MAX_ATTEMPTS,
         "idempotency_key": None,

@@ -135,7 +135,7 @@ async def client(api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
 
 def run_of(sql: psycopg.Connection, run_id: int) -> dict[str, Any]:
     cursor = sql.execute(
-        "SELECT state, attempt, max_attempts, args, result, errors FROM runs WHERE id = %s",
+        "SELECT state, key, attempt, max_attempts, args, result, errors FROM runs WHERE id = %s",
         [run_id],
     )
     row = cursor.fetchone()
@@ -204,7 +204,7 @@ async def test_forward_delivers_the_body_as_received_signed_with_the_listed_head
     assert run["result"]["body"] == '{"accepted": true}'
     assert run["result"]["headers"]["x-downstream"] == "yes"
     assert run["result"]["truncated"] is False
-    assert run["args"]["breaker_key"] == trigger["breaker_key"]
+    assert run["key"] == trigger["breaker_key"]
     [hit] = downstream.at("/ok")
     assert hit.method == "PUT"
     assert hit.body == BODY
@@ -276,7 +276,11 @@ async def test_429_with_retry_after_retries_after_it_without_spending_an_attempt
     assert run["state"] == "succeeded" and run["result"]["body"] == "ok now"
     first, second = downstream.at("/busy")
     assert second.at - first.at >= 0.9  # Retry-After: 1, not the 0.05 s backoff
-    assert (run["attempt"], run["max_attempts"], run["errors"]) == (2, 4, [])
+    assert (run["attempt"], run["max_attempts"]) == (2, 4)
+    # Seen, and counted for the destination's circuit breaker, but no attempt spent.
+    assert [e["error"] for e in run["errors"]] == [
+        f"DownstreamFailing: POST {downstream.url}/busy answered 429"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -9,15 +9,23 @@ the body unchanged. What the endpoint answers decides the run:
 answer                  the run
 ======================  ===============================================================
 2xx                     succeeded; the result is the response (``kept_response``)
-429, 503 + Retry-After  retried after that delay (``Retry``: the attempt is given back)
-other 5xx, no answer    failed: retried with backoff, discarded after ``max_attempts``
-(connection, timeout)
-other 3xx and 4xx       discarded at once (``Discard``), the response in its errors
+429, 503 + Retry-After  retried after that delay without spending an attempt
+                        (``DownstreamFailing``: a failure for the circuit breaker)
+other 5xx, 429, no      failed: retried with backoff, discarded after ``max_attempts``
+answer (connection,
+timeout)
+other 3xx and 4xx       discarded at once (``Discard``), the response in its errors;
+                        the breaker does not count it (the request is refused, the
+                        endpoint is up)
 ======================  ===============================================================
 
+Every failure above counts for the circuit breaker of the run's key, which is the
+trigger's breaker key (the destination unless the trigger names another).
+
 A sync trigger's caller is waiting: every answer the endpoint gives becomes the
-caller's (``$reply``), as a proxy would pass it on; only no answer at all fails the
-run (the caller gets 502).
+caller's (``$reply``), as a proxy would pass it on; a 5xx or 429 also ends the run
+``discarded`` and counts as a failure (``DownstreamFailing`` with the reply), and no
+answer at all gives the caller 504 (timeout) or 502, as a gateway would.
 
 Every tidegate app registers the task (``Tidegate.__init__``), so any worker can take
 forwarding runs.
@@ -42,7 +50,7 @@ from tidegate.errors import InputError
 from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text
-from tidegate.runs import REPLY_KEY, Discard, Retry, current_run
+from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, current_run
 from tidegate.storage.sql import Statement, Steps
 
 log = logging.getLogger("tidegate.forward")
@@ -81,7 +89,14 @@ ingress that replies to a sync caller sends its own ``date`` and ``server``."""
 
 
 class ForwardError(Exception):
-    """The endpoint gave no answer, or one that a retry may mend (5xx)."""
+    """The endpoint gave no answer, or one that a retry may mend (5xx).
+
+    ``status``: what a gateway answers its caller for it (502, or 504 for a timeout).
+    """
+
+    def __init__(self, message: str, status: int = 502) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def check_url(url: Any) -> str:
@@ -152,19 +167,28 @@ def handler(execute: Callable[[Steps[Any]], Awaitable[Any]]) -> Callable[..., Aw
         found = await execute(_find_forward(run.id))
         if found is None or found["forward_url"] is None:
             raise Discard(f"run {run.id}: no request, or its trigger no longer forwards")
-        response, content = await _send(found)
+        target = f"{found['forward_method']} {found['forward_url']}"
+        sync = run.lane == FAST_LANE  # a sync trigger's caller waits for the answer
+        try:
+            response, content = await _send(found)
+        except ForwardError as error:
+            if not sync:
+                raise
+            gateway = {"status": error.status, "headers": {}, "body": {"title": str(error)}}
+            raise DownstreamFailing(str(error), reply=gateway) from None
         kept = kept_response(response, content)
         status = response.status_code
-        if run.lane == FAST_LANE:  # a sync trigger's caller waits for the answer
+        failing = status >= 500 or status == 429
+        if sync:
+            if failing:
+                raise DownstreamFailing(f"{target} answered {status}", reply=kept)
             return {REPLY_KEY: kept}
         if 200 <= status < 300:
             return kept
-        target = f"{found['forward_method']} {found['forward_url']}"
         delay = retry_after(response.headers.get("retry-after"))
         if status in (429, 503) and delay is not None:
-            log.info("run %d: %s answered %d, retrying in %ss", run.id, target, status, delay)
-            raise Retry(delay)
-        if status >= 500 or status == 429:
+            raise DownstreamFailing(f"{target} answered {status}", retry_after=delay)
+        if failing:
             raise ForwardError(f"{target} answered {status}")
         raise Discard(f"{target} answered {status}", details=kept)
 
@@ -206,7 +230,7 @@ async def _send(found: dict[str, Any]) -> tuple[httpx.Response, bytes]:
             finally:
                 await response.aclose()
     except TimeoutError:
-        raise ForwardError(f"{target}: no answer within {timeout}s") from None
+        raise ForwardError(f"{target}: no answer within {timeout}s", status=504) from None
     except httpx.HTTPError as error:
         raise ForwardError(f"{target}: {type(error).__name__}: {error}") from error
 

@@ -6,7 +6,8 @@ again while reading, so a client that lies cannot push more), unsupported conten
 415, JSON that is malformed or that PostgreSQL cannot store (NUL, lone surrogates, NaN,
 nesting past ``max_json_depth``) 400, bad Standard Webhooks signature 401. Then one
 database call admits or rejects (``admit_webhook``): 429 for the project's ingest rate
-or fast-lane cap, 503 when no worker can take a fast-lane run or the backlog is full.
+or fast-lane cap, 503 when no worker can take a fast-lane run, the run's key has its
+circuit breaker open (sync), or the backlog is full.
 An admitted async webhook is answered 202 once its request and run are committed; a
 sync one waits for its run.
 
@@ -53,6 +54,8 @@ RETRY_AFTER_MIN_SECONDS = 1
 RETRY_AFTER_MAX_SECONDS = 60
 NO_WORKER_RETRY_SECONDS = 5
 """Retry-After when no worker can take a sync run: about how long a worker takes to start."""
+FORCED_OPEN_RETRY_SECONDS = 60
+"""Retry-After while a key's breaker is forced open: no cooldown says when it ends."""
 MAX_TOKEN_CHARS = 128
 """Longer than any trigger token: not looked up."""
 KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
@@ -94,15 +97,13 @@ class Trigger:
     breaker_key: str | None = None
 
     @property
-    def args(self) -> dict[str, Any]:
-        """What a run's args hold besides the request: a forwarding run's breaker key.
-
-        The run's key stays its project (admit_webhook sets it); the destination it
-        will be guarded by travels with it, to be seen in the run.
-        """
+    def run_key(self) -> str:
+        """The key of the trigger's runs: its project's, or, for a forwarding trigger,
+        its breaker key (the destination unless it names another), so that one dead
+        endpoint's circuit breaker holds back only the runs bound for it."""
         if self.forward_url is None:
-            return {}
-        return {"breaker_key": self.breaker_key or breaker_key_of(self.forward_url)}
+            return self.project
+        return self.breaker_key or breaker_key_of(self.forward_url)
 
 
 @router.post(
@@ -120,7 +121,8 @@ class Trigger:
                 "415": "content type is not JSON",
                 "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit)",
                 "502": "sync trigger: the run failed (its id is in the body)",
-                "503": "no worker can take it, backlog full, or database unavailable",
+                "503": "no worker can take it, its key's circuit breaker is open, backlog "
+                "full, or database unavailable",
             }
         ),
     },
@@ -292,6 +294,12 @@ async def _answer(ingress: Ingress, trigger: Trigger, decision: dict[str, Any]) 
             {**_fast_lane_headers(decision, 0, wait), "Retry-After": str(wait)},
             cap=decision["fast_lane_cap"],
         )
+    if verdict == "breaker_open":
+        return problem(
+            503,
+            f"the circuit breaker of key {trigger.run_key!r} is open: its downstream is failing",
+            {"Retry-After": str(_breaker_wait(decision["retry_after"]))},
+        )
     if verdict == "no_worker":
         return problem(
             503,
@@ -357,12 +365,15 @@ async def _wait_for(
 
 
 def _reply(run: Run, headers: dict[str, str]) -> Response:
-    if run.state is not RunState.SUCCEEDED:
+    """The sync caller's answer: the run's ``$reply`` if it has one (a failed run may:
+    a forwarding run passes on the endpoint's failure), else its result, else 502."""
+    result = run.result
+    has_reply = isinstance(result, dict) and isinstance(result.get(REPLY_KEY), dict)
+    if run.state is not RunState.SUCCEEDED and not has_reply:
         # The sender is not authenticated: it learns the run's id and state, not what
         # the handler's error said (the project sees that in GET /runs/{id}).
         return problem(502, f"the run ended {run.state}", headers, run_id=run.id, state=run.state)
-    result = run.result
-    if isinstance(result, dict) and isinstance(result.get(REPLY_KEY), dict):
+    if has_reply:
         try:
             return _handler_reply(result[REPLY_KEY], headers)
         except ValueError as error:
@@ -409,6 +420,14 @@ def _handler_reply(reply: dict[str, Any], headers: dict[str, str]) -> Response:
         content = body.encode() if isinstance(body, str) else json.dumps(body).encode()
         media = "text/plain" if isinstance(body, str) else "application/json"
     return Response(content, status_code=status, headers={**headers, **extra}, media_type=media)
+
+
+def _breaker_wait(seconds: float | None) -> int:
+    """Whole seconds until an open breaker's cooldown ends: what the caller should wait,
+    not clamped (a cooldown doubles up to its policy's cap)."""
+    if seconds is None:
+        return FORCED_OPEN_RETRY_SECONDS
+    return max(RETRY_AFTER_MIN_SECONDS, math.ceil(seconds))
 
 
 def _retry_after(seconds: float | None, default: int = RETRY_AFTER_MIN_SECONDS) -> int:
@@ -491,9 +510,8 @@ def _admit(
             "project": trigger.project,
             "lane": lane,
             "task": trigger.task,
-            "args": json.dumps(
-                {"body": payload, "headers": headers, "trigger": trigger.name, **trigger.args}
-            ),
+            "key": trigger.run_key,
+            "args": json.dumps({"body": payload, "headers": headers, "trigger": trigger.name}),
             # A sync caller is waiting: it gets the first attempt's outcome, and retries
             # are its own to make. Async runs retry with backoff.
             "max_attempts": 1 if lane == FAST_LANE else settings.max_attempts,
