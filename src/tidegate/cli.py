@@ -547,7 +547,8 @@ def admin_token_rotate(ctx: click.Context, /, token: str | None) -> None:
 
 @main.group()
 def keys() -> None:
-    """Per-key limits in a lane: max running, weight, rate (KEY '*': the lane's default)."""
+    """Per-key policies in a lane: max running, weight, rate, circuit breaker (KEY '*': the
+    lane's default)."""
 
 
 @keys.command("set")
@@ -557,6 +558,33 @@ def keys() -> None:
 @_command_option("--weight", type=click.FloatRange(min=0, min_open=True), help="Share of claims.")
 @_command_option("--rate", type=click.FloatRange(min=0, min_open=True), help="Starts per second.")
 @_command_option("--rate-burst", type=click.IntRange(min=1), help="Starts at once above the rate.")
+@_command_option(
+    "--breaker-failures",
+    type=click.IntRange(min=1),
+    help="Circuit breaker: open after this many failed attempts in the window.",
+)
+@_command_option(
+    "--breaker-ratio",
+    type=click.FloatRange(0.01, 1),
+    help="Or: open when this share of the window's attempts failed.",
+)
+@_command_option(
+    "--breaker-min-attempts", type=click.IntRange(min=1), help="The ratio's least attempts (10)."
+)
+@_command_option(
+    "--breaker-window-seconds", type=click.FloatRange(0.1, 86400), help="Counting window (60)."
+)
+@_command_option(
+    "--breaker-cooldown-seconds", type=click.FloatRange(0.1, 86400), help="First open time (30)."
+)
+@_command_option(
+    "--breaker-max-cooldown-seconds",
+    type=click.FloatRange(0.1, 7 * 86400),
+    help="A failed probe doubles the cooldown up to this (600).",
+)
+@_command_option(
+    "--breaker-probes", type=click.IntRange(1, 1000), help="Half-open: probe runs at once (1)."
+)
 @_command_option("--clear", multiple=True, help="A limit to remove, e.g. --clear max_running.")
 @click.pass_context
 def keys_set(
@@ -590,3 +618,28 @@ def keys_list(ctx: click.Context, /, lane: str | None) -> None:
     from tidegate.policies import list_key_policies
 
     _echo(_admin(ctx, list_key_policies(lane)))
+
+
+@keys.command("breakers")
+@click.argument("lane", required=False)
+@click.pass_context
+def keys_breakers(ctx: click.Context, /, lane: str | None) -> None:
+    """List circuit breakers (of LANE, or of every lane) that are open, half-open, forced,
+    or counting failures."""
+    from tidegate.policies import list_breakers
+
+    _echo(_admin(ctx, list_breakers(lane)))
+
+
+@keys.command("force")
+@click.argument("lane")
+@click.argument("key")
+@click.argument("force", type=click.Choice(["open", "closed", "auto"]))
+@click.pass_context
+def keys_force(ctx: click.Context, /, lane: str, key: str, force: str) -> None:
+    """Force the circuit breaker of KEY in LANE open or closed; auto hands it back to its
+    policy (closed, counting afresh)."""
+    from tidegate.policies import force_breaker
+
+    shown = _admin(ctx, force_breaker(lane, key, None if force == "auto" else force))
+    _echo(shown or {"lane": lane, "key": key, "state": "closed"})

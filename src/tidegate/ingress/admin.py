@@ -12,8 +12,9 @@ import logging
 from typing import Annotated, Any, Literal
 
 import psycopg
-from fastapi import APIRouter, Depends, HTTPException, Path, Request, Security
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Security
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from tidegate import forward
 from tidegate.app import DEFAULT_LANE
@@ -36,7 +37,16 @@ from tidegate.limits import (
     TriggerName,
     Weight,
 )
-from tidegate.policies import PolicyError, clear_key_policy, list_key_policies, set_key_policy
+from tidegate.policies import (
+    MAX_BREAKER_PROBES,
+    MAX_BREAKER_SECONDS,
+    PolicyError,
+    clear_key_policy,
+    force_breaker,
+    list_breakers,
+    list_key_policies,
+    set_key_policy,
+)
 from tidegate.projects import (
     AdminError,
     ConflictError,
@@ -63,6 +73,22 @@ CONFLICT = problem_responses(**{"409": "it exists already, or the id is reserved
 
 ProjectIdPath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
 LanePath = Annotated[str, Path(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)]
+LaneQuery = Annotated[
+    str | None, Query(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)
+]
+Seconds = Annotated[float, Field(ge=0.1, le=MAX_BREAKER_SECONDS, allow_inf_nan=False)]
+"""A breaker's window or cooldown."""
+
+
+class KeyConvertor(PathConvertor):
+    """A key in a URL path: any text, slashes (a destination's ``https://...``, sent
+    percent-encoded or not) and line breaks included; its bounds are checked after."""
+
+    regex = "[\\s\\S]+"
+
+
+register_url_convertor("key", KeyConvertor())
+
 KeyPath = Annotated[
     str, Path(min_length=1, max_length=MAX_TEXT_CHARS, description="a key, or * for the lane")
 ]
@@ -264,9 +290,47 @@ class KeyPolicy(BaseModel):
     weight: Weight | None = Field(None, description="the key's share of claims (default 1)")
     rate: Rate | None = Field(None, description="runs started per second; null: no limit")
     rate_burst: PositiveCount | None = Field(None, description="starts at once above the rate")
+    breaker_failures: PositiveCount | None = Field(
+        None, description="circuit breaker: open after this many failed attempts in the window"
+    )
+    breaker_ratio: float | None = Field(
+        None,
+        ge=0.01,
+        le=1,
+        allow_inf_nan=False,
+        description="or: open when this share of the window's attempts failed",
+    )
+    breaker_min_attempts: PositiveCount | None = Field(
+        None, description="the ratio needs at least this many attempts (default 10)"
+    )
+    breaker_window_seconds: Seconds | None = Field(
+        None, description="the window failures are counted in (default 60)"
+    )
+    breaker_cooldown_seconds: Seconds | None = Field(
+        None, description="how long it stays open at first (default 30)"
+    )
+    breaker_max_cooldown_seconds: float | None = Field(
+        None,
+        ge=0.1,
+        le=7 * MAX_BREAKER_SECONDS,
+        allow_inf_nan=False,
+        description="each failed probe doubles the cooldown up to this (default 600)",
+    )
+    breaker_probes: int | None = Field(
+        None, ge=1, le=MAX_BREAKER_PROBES, description="half-open: probe runs at once (default 1)"
+    )
 
 
-@router.put("/lanes/{lane}/keys/{key}")
+class BreakerForce(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    force: Literal["open", "closed"] | None = Field(
+        description="open: its runs wait and its sync webhooks get 503; closed: failures "
+        "are not counted; null: back to its policy, closed and counting afresh"
+    )
+
+
+@router.put("/lanes/{lane}/keys/{key:key}")
 async def put_key_policy(
     lane: LanePath, key: KeyPath, body: KeyPolicy, request: Request
 ) -> dict[str, Any]:
@@ -279,7 +343,22 @@ async def get_key_policies(lane: LanePath, request: Request) -> list[dict[str, A
     return await _apply(request, list_key_policies(lane))  # type: ignore[no-any-return]
 
 
-@router.delete("/lanes/{lane}/keys/{key}", status_code=204, responses=NOT_FOUND)
+@router.delete("/lanes/{lane}/keys/{key:key}", status_code=204, responses=NOT_FOUND)
 async def delete_key_policy(lane: LanePath, key: KeyPath, request: Request) -> None:
     if not await _apply(request, clear_key_policy(lane, key)):
         raise HTTPException(404, f"no policy for key {key!r} in lane {lane!r}")
+
+
+@router.get("/breakers")
+async def get_breakers(request: Request, lane: LaneQuery = None) -> list[dict[str, Any]]:
+    """The circuit breakers that are open, half-open, forced, or counting failures."""
+    return await _apply(request, list_breakers(lane))  # type: ignore[no-any-return]
+
+
+@router.put("/lanes/{lane}/breakers/{key:key}")
+async def put_breaker(
+    lane: LanePath, key: KeyPath, body: BreakerForce, request: Request
+) -> dict[str, Any]:
+    """Force a key's circuit breaker open or closed, or hand it back to its policy."""
+    shown = await _apply(request, force_breaker(lane, key, body.force))
+    return shown or {"lane": lane, "key": key, "state": "closed"}

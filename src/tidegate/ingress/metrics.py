@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from itertools import accumulate
 
 from fastapi import APIRouter, Request, Security
@@ -120,7 +121,12 @@ class KeyFigures:
     waiting: int | None
     """Counted up to ``WAITING_CAP``; None for a lane's default."""
     held_by: str
-    """``cap``, ``rate`` or ''."""
+    """``breaker``, ``cap``, ``rate`` or ''."""
+    breaker: str | None
+    """The key's circuit breaker, where it has a row: ``closed``, ``open``,
+    ``half_open``, ``forced_open`` or ``forced_closed``."""
+    breaker_until: datetime | None
+    """Until when an open breaker stays open."""
 
 
 @dataclass(frozen=True)
@@ -309,7 +315,8 @@ def _key_families(keys: list[KeyFigures]) -> Iterable[Metric]:
     )
     held = GaugeMetricFamily(
         "tidegate_key_held",
-        "1 when a key's runs wait for its limit (by: cap, rate), else 0 (the busiest keys).",
+        "1 when a key's runs wait for its limit (by: breaker, cap, rate), else 0 "
+        "(the busiest keys).",
         labels=[*labels, "by"],
     )
     for key in keys:
@@ -318,7 +325,7 @@ def _key_families(keys: list[KeyFigures]) -> Iterable[Metric]:
         waiting.add_metric(names, key.waiting or 0)
         if key.max_running is not None:
             cap.add_metric(names, key.max_running)
-        for limit in ("cap", "rate"):
+        for limit in ("breaker", "cap", "rate"):
             held.add_metric([*names, limit], int(key.held_by == limit))
     yield from (in_flight, waiting, cap, held)
 

@@ -13,10 +13,12 @@
 -- runs counted (runs_key_ready, up to %(waiting_cap)s each). A key deep in a backlog
 -- behind the head is not listed.
 --
--- held_by: 'cap' when the key's runs in flight (of every project: that is what the
+-- held_by: 'breaker' when the key's circuit breaker is open (or forced open); 'cap' when the key's runs in flight (of every project: that is what the
 -- claim counts) reach max_running; 'rate' when its GCRA state (key_rates.tat) is further
 -- ahead than the burst allows, which is the claim's own test; else ''. fast_lane runs
--- are exempt from key limits, so nothing holds a fast_lane key.
+-- are exempt from key limits, so only a breaker holds a fast_lane key. breaker: the
+-- breaker's state (breaker_state(), migration 0013) where the key has a row, with
+-- open_until; the super admin also sees the keys whose breakers are open or forced.
 WITH running AS (
     SELECT lane, key, count(*) AS every_project,
            count(*) FILTER (WHERE %(project)s::text IS NULL OR project = %(project)s) AS own
@@ -43,6 +45,13 @@ keys AS (
         ORDER BY lane, key
         LIMIT %(limit)s::integer
     ) AS policed
+    UNION
+    SELECT tripped.lane, tripped.key FROM (
+        SELECT lane, key FROM key_breakers
+        WHERE %(project)s::text IS NULL AND (state = 'open' OR forced IS NOT NULL)
+        ORDER BY lane, key
+        LIMIT %(limit)s::integer
+    ) AS tripped
 ),
 chosen AS (
     SELECT candidates.lane, candidates.key FROM (
@@ -53,7 +62,9 @@ chosen AS (
     ) AS candidates
     LEFT JOIN running USING (lane, key)
     LEFT JOIN head USING (lane, key)
-    ORDER BY candidates.key <> '*', coalesce(running.own, 0) DESC,
+    LEFT JOIN key_breakers AS b USING (lane, key)
+    ORDER BY candidates.key <> '*', (b.state = 'open' OR b.forced = 'open') IS NOT TRUE,
+             coalesce(running.own, 0) DESC,
              coalesce(head.next_in_line, 0) DESC, candidates.lane, candidates.key
     LIMIT %(limit)s::integer
 ),
@@ -75,8 +86,11 @@ figures AS (
            ) END AS waiting,
            coalesce(running.every_project, 0) AS gate_in_flight,
            (SELECT tat FROM key_rates WHERE key_rates.lane = c.lane AND key_rates.key = c.key)
-               AS tat
+               AS tat,
+           CASE WHEN b.lane IS NOT NULL THEN breaker_state(b) END AS breaker,
+           b.open_until AS breaker_until
     FROM chosen AS c
+    LEFT JOIN key_breakers AS b ON b.lane = c.lane AND b.key = c.key
     LEFT JOIN key_policies AS own ON own.lane = c.lane AND own.key = c.key
     LEFT JOIN key_policies AS lane_default
         ON lane_default.lane = c.lane AND lane_default.key = '*'
@@ -84,11 +98,13 @@ figures AS (
 )
 SELECT lane, key, max_running, weight, rate, rate_burst, in_flight, waiting,
        CASE
+           WHEN breaker IN ('open', 'forced_open') THEN 'breaker'
            WHEN key = '*' OR lane = 'fast_lane' THEN ''
            WHEN max_running IS NOT NULL AND gate_in_flight >= max_running THEN 'cap'
            WHEN rate IS NOT NULL
                 AND tat > now() + make_interval(secs => (rate_burst - 1) / rate) THEN 'rate'
            ELSE ''
-       END AS held_by
+       END AS held_by,
+       breaker, breaker_until
 FROM figures
 ORDER BY key <> '*', in_flight DESC, waiting DESC, lane, key
