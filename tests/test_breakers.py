@@ -34,8 +34,9 @@ from tidegate.policies import force_breaker, set_key_policy
 
 class Endpoint:
     """An HTTP endpoint on a free port answering every request as ``mode`` says: ``ok``
-    (200), ``fail`` (500), ``slow_fail`` (500 after ``delay`` seconds) or ``bad``
-    (400). It records when each request came and went."""
+    (200), ``fail`` (500), ``slow_fail`` (500 after ``delay`` seconds), ``hang`` (200
+    after ``delay`` seconds), ``busy`` (429 with ``Retry-After: 1``) or ``bad`` (400).
+    It records when each request came and went."""
 
     def __init__(self, mode: str = "ok", delay: float = 0.3) -> None:
         self.mode = mode
@@ -49,10 +50,12 @@ class Endpoint:
             def do_POST(self) -> None:
                 arrived, mode = time.monotonic(), endpoint.mode
                 self.rfile.read(int(self.headers.get("content-length", 0)))
-                if mode == "slow_fail":
+                if mode in ("slow_fail", "hang"):
                     time.sleep(endpoint.delay)
-                status = {"ok": 200, "bad": 400}.get(mode, 500)
+                status = {"ok": 200, "hang": 200, "bad": 400, "busy": 429}.get(mode, 500)
                 self.send_response(status)
+                if mode == "busy":
+                    self.send_header("Retry-After", "1")
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"{}")
@@ -115,9 +118,9 @@ async def set_policy(client: httpx.AsyncClient, lane: str, key: str, **fields: A
 
 
 async def forwarder(
-    client: httpx.AsyncClient, name: str, endpoint: Endpoint, mode: str = "async"
+    client: httpx.AsyncClient, name: str, endpoint: Endpoint, mode: str = "async", **fields: Any
 ) -> dict[str, Any]:
-    return await create_trigger(client, "acme", name, mode=mode, forward_url=endpoint.url)
+    return await create_trigger(client, "acme", name, mode=mode, forward_url=endpoint.url, **fields)
 
 
 async def send(client: httpx.AsyncClient, trigger: dict[str, Any], count: int) -> list[int]:
@@ -144,6 +147,13 @@ def breaker(sql: psycopg.Connection, lane: str, key: str) -> dict[str, Any] | No
 def running(sql: psycopg.Connection, key: str) -> int:
     (count,) = sql.execute(
         "SELECT count(*) FROM runs WHERE key = %s AND state = 'running'", [key]
+    ).fetchone() or (0,)
+    return int(count)
+
+
+def probes(sql: psycopg.Connection) -> int:
+    (count,) = sql.execute(
+        "SELECT count(*) FROM runs WHERE probe AND state = 'running'"
     ).fetchone() or (0,)
     return int(count)
 
@@ -304,6 +314,68 @@ async def test_half_open_probes_in_flight_never_exceed_the_policy_across_four_wo
     assert max(probing) <= 2
     state = breaker(sql, "default", dead.key)
     assert state is not None and state["trips"] >= 6
+
+
+@pytest.mark.parametrize("answer", ["hang", "busy"])
+async def test_timeouts_and_429s_count_as_failures(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    endpoints: Callable[..., Endpoint],
+    start_worker_process: Callable[..., Any],
+    answer: str,
+) -> None:
+    down = endpoints(answer, delay=2)
+    await set_policy(client, "default", "*", breaker_failures=2, breaker_cooldown_seconds=600)
+    trigger = await forwarder(client, "down", down, forward_timeout_seconds=0.3)
+    ids = await send(client, trigger, 4)
+    start_worker_process("manual>*:1")
+
+    await wait_until(lambda: (breaker(sql, "default", down.key) or {}).get("state") == "open")
+
+    await asyncio.sleep(1.5)  # its 1 s Retry-After, or the backoff, is over: still waiting
+    assert down.hits == 2
+    rows = sql.execute(
+        "SELECT attempt, max_attempts, errors -> 0 ->> 'error' FROM runs"
+        " WHERE id = ANY(%s) AND attempt > 0",
+        [ids],
+    ).fetchall()
+    if answer == "busy":  # DownstreamFailing: counted, but the attempt given back
+        assert [(a, m) for a, m, _ in rows] == [(1, 51)] * 2
+        assert all("answered 429" in error for *_, error in rows)
+    else:
+        assert all("no answer within 0.3s" in error for *_, error in rows)
+
+
+async def test_a_rescued_probe_frees_its_place_for_the_next_one(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    endpoints: Callable[..., Endpoint],
+    start_worker_process: Callable[..., Any],
+) -> None:
+    down = endpoints("fail", delay=30)
+    await set_policy(
+        client, "default", "*", breaker_failures=1, breaker_cooldown_seconds=0.5, breaker_probes=1
+    )
+    ids = await send(client, await forwarder(client, "down", down, forward_timeout_seconds=60), 3)
+    first = start_worker_process("manual>*:2")
+    await wait_until(lambda: (breaker(sql, "default", down.key) or {}).get("trips") == 1)
+    down.mode = "hang"  # the next probe hangs: its worker dies holding it
+    await wait_until(lambda: probes(sql) == 1)
+    first.kill()
+    down.mode = "ok"
+    start_worker_process("manual>*:2")
+
+    # Its lease lapses, the rescuer hands it back (no longer a probe), and the next
+    # probe, which succeeds, closes the breaker: every run goes through.
+    await wait_until(lambda: states(sql, ids) == {"succeeded": 3})
+    state = breaker(sql, "default", down.key)
+    assert state is not None and state["state"] == "closed"
+    rescued = sql.execute(
+        "SELECT count(*) FROM runs, jsonb_array_elements(errors) AS e"
+        " WHERE id = ANY(%s) AND e ->> 'error' LIKE 'lease expired%%'",
+        [ids],
+    ).fetchone()
+    assert rescued == (1,)
 
 
 async def test_bad_input_does_not_trip_the_breaker_of_its_key(
