@@ -41,14 +41,17 @@ class Endpoint:
     def __init__(self, mode: str = "ok", delay: float = 0.3) -> None:
         self.mode = mode
         self.delay = delay
+        self.arrivals = 0
         self.spans: list[tuple[float, float, str]] = []
-        """(arrived, answered, mode) of every request."""
+        """(arrived, answered, mode) of every request answered."""
         self.lock = threading.Lock()
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 arrived, mode = time.monotonic(), endpoint.mode
+                with endpoint.lock:
+                    endpoint.arrivals += 1
                 self.rfile.read(int(self.headers.get("content-length", 0)))
                 if mode in ("slow_fail", "hang"):
                     time.sleep(endpoint.delay)
@@ -73,7 +76,8 @@ class Endpoint:
 
     @property
     def hits(self) -> int:
-        return len(self.spans)
+        """Requests that arrived, answered or not yet."""
+        return self.arrivals
 
     def most_at_once(self, since: float) -> int:
         """The most requests that arrived after ``since`` and were in flight together."""

@@ -486,16 +486,22 @@ async def test_the_keys_page_shows_policies_and_what_holds_each_key(
     app.set_key_policy("default", "*", weight=2)
     app.set_key_policy("default", "capped", max_running=1)
     app.set_key_policy("default", "slow", rate=0.01, rate_burst=1)
+    app.set_key_policy("default", "partner", breaker_failures=3)
     app.enqueue_many(
         [NewRun("noop", key="capped") for _ in range(3)]
         + [NewRun("noop", key="slow") for _ in range(2)]
         + [NewRun("noop", key="free") for _ in range(5)]
+        + [NewRun("noop", key="partner") for _ in range(4)]
     )
     sql.execute(
         "UPDATE runs SET state = 'running' WHERE id = (SELECT min(id) FROM runs"
         " WHERE key = 'capped')"
     )
     sql.execute("INSERT INTO key_rates (lane, key, tat) VALUES ('default', 'slow', now() + '1h')")
+    sql.execute(
+        "INSERT INTO key_breakers (lane, key, state, open_until)"
+        " VALUES ('default', 'partner', 'open', now() + '10 min')"
+    )
     browser = await sign_in(ADMIN_TOKEN)
     page = await browser.page("/ui/keys")
 
@@ -508,6 +514,12 @@ async def test_the_keys_page_shows_policies_and_what_holds_each_key(
     assert figures("slow") == ["", "2", "0.01", "1", "0", "2", "rate"]
     assert figures("free") == ["", "2", "", "1", "0", "5", ""]
     assert figures("*") == ["", "2", "", "1", "", "", ""]
+    assert figures("partner") == ["", "2", "", "1", "0", "4", "breaker"]
+    assert re.search(
+        r'<td class="breaker">open until [^<]+</td>',
+        cells(page, 'data-lane="default" data-key', "partner"),
+    )
+    assert '<td class="breaker"></td>' in cells(page, 'data-lane="default" data-key', "free")
 
 
 # -- isolation ----------------------------------------------------------------------------
