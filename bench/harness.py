@@ -3,7 +3,7 @@
 It imports nothing but the standard library and psycopg, because the driver imports it
 in every peer's environment too. Worker processes are started by the harness, report
 readiness on stderr, and are stopped with SIGTERM; a worker that dies takes the
-measurement down with it, its last log lines in the error. ``bench.http`` measures on
+measurement down with it, its last log lines in the error. ``bench.webhooks`` measures on
 schemas of its own (``bench_<side>_<hex>``), created just before and dropped just after;
 ``bench.run`` on databases of their own.
 """

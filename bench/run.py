@@ -19,7 +19,7 @@ The workloads (``bench.driver``): ``enqueue`` (batches), ``drain`` (one worker p
 concurrency 32), ``single`` (one job per transaction), ``wakeup`` (idle worker, jobs
 paced from another process), ``starvation`` (a hot tenant's backlog, cold tenants'
 jobs arriving after it); and ``webhook``, tidegate only, beside its raw floors: the
-sync round trip and the admission decision of ``python -m bench.http``.
+sync round trip and the admission decision of ``python -m bench.webhooks``.
 
 The results go to ``bench/results/latest.json`` and, per server,
 ``bench/results/postgres<major>[-embedded].json``; ``--write-docs`` renders them into
@@ -201,11 +201,12 @@ def run_benchmark(
 def measure_webhook(
     url: str, plan: Plan, embedded: bool, command: str, progress: Callable[[str], None]
 ) -> dict[str, Any]:
-    """Workload 6, tidegate only: ``bench.http`` (sync round trip, admission, cap, ingest)."""
-    from bench import http
+    """Workload 6, tidegate only: ``bench.webhooks`` (sync round trip, admission, cap, ingest)."""
+    from bench.webhooks.common import SMOKE, Options
+    from bench.webhooks.report import run_benchmark, server_label
 
-    options = http.SMOKE if plan.smoke else http.Options(repeat=plan.repeat)
-    found = http.run_benchmark(
+    options = SMOKE if plan.smoke else Options(repeat=plan.repeat)
+    found = run_benchmark(
         url,
         options,
         embedded=embedded,
@@ -214,7 +215,7 @@ def measure_webhook(
     )
     if not plan.smoke:
         write_results(found, RESULTS / "http-latest.json")
-        write_results(found, RESULTS / f"{http.server_label(found)}.json")
+        write_results(found, RESULTS / f"{server_label(found)}.json")
     return {"verified": found["verified"], "figures": found["summary"]["figures"]}
 
 
@@ -388,7 +389,7 @@ def render_webhook(webhook: dict[str, Any]) -> list[str]:
 
     lines = [
         "**Webhook path, tidegate only, beside its raw floors** "
-        "(`python -m bench.http`; its own section below has the details)",
+        "(`python -m bench.webhooks`; its own section below has the details)",
         "",
         "| figure | tidegate | raw floor | tidegate / floor (last figure) | the floor |",
         "| --- | ---: | ---: | ---: | --- |",
@@ -535,9 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.write_docs:
         write_docs()
         if "webhook" in plan.workloads:
-            from bench import http
+            from bench.webhooks.report import write_docs as write_webhook_docs
 
-            http.write_docs()
+            write_webhook_docs()
         print(f"wrote {DOCS.relative_to(ROOT)}", file=sys.stderr)
     ok = all(w["verified"] for w in result["workloads"].values())
     return 0 if ok and result.get("webhook", {}).get("verified", True) else 1

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from bench.http import SMOKE, render, run_benchmark
+from bench.webhooks.common import SMOKE
+from bench.webhooks.report import render, run_benchmark
 
 
 def test_http_benchmark_smoke_run_verifies_every_webhook(database_url: str) -> None:
