@@ -536,6 +536,10 @@ def test_retry_delays_out_of_bounds_fail_in_the_handler_that_asks() -> None:
             Retry(delay)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="retry_after"):
             DownstreamFailing("x", retry_after=delay)  # type: ignore[arg-type]
+    # A reply that could not be stored (or sent) fails in the handler that gives it.
+    for reply in ({"status": 500, "body": b"bytes"}, {"body": float("nan")}, [500], "500"):
+        with pytest.raises(ValueError, match="reply"):
+            DownstreamFailing("x", reply=reply)  # type: ignore[arg-type]
 
 
 def test_the_cli_lists_and_forces_breakers(app: Tidegate, settings: Any) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import email.utils
-import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
@@ -52,8 +51,6 @@ from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text
 from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, current_run
 from tidegate.storage.sql import Statement, Steps
-
-log = logging.getLogger("tidegate.forward")
 
 FORWARD_TASK = "tidegate.forward"
 METHODS = ("POST", "PUT", "PATCH")

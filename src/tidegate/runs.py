@@ -21,7 +21,8 @@ from typing import Any
 from psycopg._cursor_base import BaseCursor
 from psycopg.rows import RowMaker
 
-from tidegate.limits import MAX_DELAY_SECONDS, check_number
+from tidegate.errors import InputError
+from tidegate.limits import MAX_DELAY_SECONDS, check_json, check_number
 
 
 class RunState(StrEnum):
@@ -198,6 +199,10 @@ class DownstreamFailing(Exception):
         super().__init__(reason)
         self.reason = reason
         self.retry_after = None if retry_after is None else _delay(retry_after, "retry_after")
+        if reply is not None:
+            if not isinstance(reply, dict):
+                raise InputError(f"reply must be a dict, got {type(reply).__name__}")
+            check_json(reply, "the reply")
         self.reply = reply
 
 

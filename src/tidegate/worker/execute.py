@@ -191,12 +191,16 @@ def _downstream_failing(
     run: Run, task: Task, settings: Settings, failing: DownstreamFailing
 ) -> Outcome:
     """A failure that gives the attempt back (or, with a reply, ends the run with it)."""
-    error, message = _error(run, f"DownstreamFailing: {failing.reason}")
     if failing.reply is not None:
-        result = _result_json({REPLY_KEY: failing.reply}, settings)
+        try:
+            result = _result_json({REPLY_KEY: failing.reply}, settings)
+        except TypeError as exc:  # nested deeper than max_json_depth
+            return _failed(run, task, settings, f"TypeError: {exc}", exc)
+        error, message = _error(run, f"DownstreamFailing: {failing.reason}")
         return _finished(
             run, RunState.DISCARDED, result=result, error=error, message=message, verdict="failure"
         )
+    error, message = _error(run, f"DownstreamFailing: {failing.reason}")
     delay = failing.retry_after
     return _finished(
         run,

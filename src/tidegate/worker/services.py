@@ -244,17 +244,23 @@ class Completer(Service):
 
 def _log_breaker(lane: str, key: str, change: str) -> None:
     """Say that a key's circuit breaker opened or closed (count_breaker_outcomes)."""
+    extra = {"lane": lane, "key": key, "breaker": change}
     if change == "closed":
-        log.info("circuit breaker of key %r in lane %r closed: its probe succeeded", key, lane)
-    else:
-        log.warning(
-            "circuit breaker of key %r in lane %r %s: its runs wait unclaimed until the "
-            "cooldown ends (tidegate keys breakers)",
+        log.info(
+            "circuit breaker of key %r in lane %r closed: its probe succeeded",
             key,
             lane,
-            "opened on its failures" if change == "opened" else "reopened: its probe failed",
-            extra={"lane": lane, "key": key, "breaker": change},
+            extra=extra,
         )
+        return
+    log.warning(
+        "circuit breaker of key %r in lane %r %s: its runs wait unclaimed until the "
+        "cooldown ends (tidegate keys breakers)",
+        key,
+        lane,
+        "opened on its failures" if change == "opened" else "reopened: its probe failed",
+        extra=extra,
+    )
 
 
 class Listener(Service):
