@@ -214,6 +214,35 @@ async def test_sync_webhook_when_every_fast_lane_slot_is_busy_gets_503(
     assert counts(sql) == (2, 2)
 
 
+async def test_an_overfull_workloop_does_not_hide_another_ones_free_fast_lane_slot(
+    client: httpx.AsyncClient,
+    start_worker_process: Callable[..., Any],
+    sql: psycopg.Connection,
+) -> None:
+    """A workloop frees a slot when a handler returns, before its outcome is written:
+    meanwhile the database shows it running more runs than it has slots. That excess
+    must not be taken off another workloop's free fast-lane slot."""
+    start_worker_process("fast_lane:1")
+    await create_project(client, "acme")
+    sync = await create_trigger(client, "acme", "quote", mode="sync", task="echo")
+    # A live worker whose mixed workloop (2 slots) shows 3 runs running: 2 new ones and
+    # one whose outcome is on its way.
+    sql.execute(
+        "INSERT INTO workers (id, host, pid, workloops, tasks) VALUES ('busy', 'h', 1, "
+        """'[{"chain": ["fast_lane", "*"], "slots": 2, "busy": 2}]', '{echo}')"""
+    )
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, state, worker_id, workloop, attempt, "
+        "lease_expires_at) SELECT 'acme', 'default', 'acme', 'echo', 'running', 'busy', 0, "
+        "1, now() + interval '1 minute' FROM generate_series(1, 3)"
+    )
+
+    response = await client.post(sync["url"], json={"n": 1})
+
+    assert response.status_code == 200, response.text
+    assert response.json()["body"] == {"n": 1}
+
+
 async def test_ingest_rate_admits_the_burst_then_asks_to_wait(
     client: httpx.AsyncClient, sql: psycopg.Connection
 ) -> None:

@@ -185,8 +185,10 @@ async def test_an_open_breaker_stops_its_keys_runs_being_claimed_while_other_key
     fine = await send(client, to_live, 20)
     await wait_until(lambda: states(sql, fine) == {"succeeded": 20})
 
-    # Three failures opened it; a run the other slot had claimed meanwhile may add one.
-    assert 3 <= dead.hits <= 4
+    # Three failures opened it. Runs claimed meanwhile may add some: the other slot's,
+    # and those claimed into slots freed before the failures were written (at most
+    # breaker_failures - 1 + 2 x slots in all).
+    assert 3 <= dead.hits <= 6
     state = breaker(sql, "default", dead.key)
     assert state is not None and state["state"] == "open" and state["trips"] == 1
     hits = dead.hits
@@ -263,7 +265,7 @@ async def test_a_failed_probe_opens_it_again_for_twice_as_long_up_to_the_cap(
         breaker_max_cooldown_seconds=2,
     )
     await send(client, await forwarder(client, "dead", dead), 3)
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:1")
     seen: list[float] = []
 
     def cooldowns() -> bool:
@@ -276,8 +278,10 @@ async def test_a_failed_probe_opens_it_again_for_twice_as_long_up_to_the_cap(
 
     assert seen == [0.5, 1.0, 2.0]  # and there it stays
     spans = sorted(start for start, _, _ in dead.spans)
-    # After the first trip, requests are probes spaced by the growing cooldown.
-    gaps = [later - earlier for earlier, later in itertools.pairwise(spans[1:])]
+    # The first two runs reach the endpoint before the first outcome is counted (a slot
+    # frees when its handler returns, before its outcome is written); after that trip,
+    # requests are probes spaced by the growing cooldown.
+    gaps = [later - earlier for earlier, later in itertools.pairwise(spans[2:])]
     assert all(gap >= 0.4 for gap in gaps), gaps
 
 
@@ -337,14 +341,16 @@ async def test_timeouts_and_429s_count_as_failures(
     await wait_until(lambda: (breaker(sql, "default", down.key) or {}).get("state") == "open")
 
     await asyncio.sleep(1.5)  # its 1 s Retry-After, or the backoff, is over: still waiting
-    assert down.hits == 2
+    # Two failures open it; a third run may be claimed into the slot freed before the
+    # second failure was written (breaker_failures - 1 + 2 x slots).
+    assert down.hits in (2, 3)
     rows = sql.execute(
         "SELECT attempt, max_attempts, errors -> 0 ->> 'error' FROM runs"
         " WHERE id = ANY(%s) AND attempt > 0",
         [ids],
     ).fetchall()
     if answer == "busy":  # DownstreamFailing: counted, but the attempt given back
-        assert [(a, m) for a, m, _ in rows] == [(1, 51)] * 2
+        assert [(a, m) for a, m, _ in rows] == [(1, 51)] * down.hits
         assert all("answered 429" in error for *_, error in rows)
     else:
         assert all("no answer within 0.3s" in error for *_, error in rows)
@@ -379,7 +385,9 @@ async def test_a_rescued_probe_frees_its_place_for_the_next_one(
         " WHERE id = ANY(%s) AND e ->> 'error' LIKE 'lease expired%%'",
         [ids],
     ).fetchone()
-    assert rescued == (1,)
+    # The probe; and maybe a run claimed before the trip was written (into a slot freed
+    # when a failing handler returned) that met the endpoint hanging too.
+    assert rescued in ((1,), (2,))
 
 
 async def test_bad_input_does_not_trip_the_breaker_of_its_key(

@@ -279,7 +279,9 @@ async def test_workloop_never_runs_more_runs_than_its_slots(
 
     assert count(sql, "state = 'succeeded'") == 50
     assert max(seen_in_process) == 3
-    assert 0 < max(seen_running) <= 3
+    # A slot frees when its handler returns; the database shows the run running until
+    # its outcome is written, and a workloop holds at most `slots` unwritten outcomes.
+    assert 0 < max(seen_running) <= 6
     assert _max_overlap(sql) == 3
 
 

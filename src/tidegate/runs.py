@@ -106,6 +106,7 @@ class Run:
 
 
 _RUN_FIELDS = tuple(f.name for f in fields(Run))
+_RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
 _STATE = _RUN_FIELDS.index("state")
 
 
@@ -113,10 +114,12 @@ def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
     """Row factory that builds ``Run`` objects from ``SELECT *`` of ``runs``.
 
     When the columns are exactly ``Run``'s fields in order (the table's own order), rows
-    are built positionally: this sits on the claim's hot path.
+    are built positionally: this sits on the claim's hot path, so the names are read
+    from the result itself (``description`` builds an object per column).
     """
-    names = tuple(column.name for column in cursor.description or ())
-    if names == _RUN_FIELDS:
+    result = cursor.pgresult
+    columns = tuple(result.fname(i) for i in range(result.nfields)) if result else ()
+    if columns == _RUN_COLUMNS:
 
         def make(values: Sequence[Any]) -> Run:
             row = list(values)
@@ -124,6 +127,7 @@ def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
             return Run(*row)
 
         return make
+    names = [column.name for column in cursor.description or ()]
     wanted = [(i, name) for i, name in enumerate(names) if name in _RUN_FIELDS]
 
     def make_by_name(values: Sequence[Any]) -> Run:

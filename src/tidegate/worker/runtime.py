@@ -77,8 +77,13 @@ class Workloop(Service):
         self.worker = worker
         self.spec = spec
         self.running: dict[int, asyncio.Task[None]] = {}
+        """The runs that take a slot, by id: those whose handlers execute, and fast-lane
+        runs until their outcome is written."""
         self.runs: dict[int, Run] = {}
         """The runs of ``running``, by id."""
+        self.unwritten = 0
+        """Outcomes of this workloop's runs that wait to be written (their leases are
+        renewed meanwhile)."""
         self.backlog = True
         """Whether the last claim was full, so runs may be waiting for a free slot."""
         self.wake = asyncio.Event()
@@ -97,7 +102,12 @@ class Workloop(Service):
 
     @property
     def free(self) -> int:
-        return self.spec.slots - len(self.running)
+        """Slots free to claim into. A slot frees when its handler returns, except a
+        fast-lane run's, which frees once its outcome is written (a sync caller waits
+        for it, and the admission counts fast-lane slots from the database). So that a
+        slow database slows claiming, at most ``slots`` outcomes wait to be written."""
+        slots = self.spec.slots
+        return min(slots, 2 * slots - self.unwritten) - len(self.running)
 
     def admits(self, lane: str) -> bool:
         return chain_admits(self.spec.chain, lane)
@@ -158,8 +168,7 @@ class Workloop(Service):
         return claimed
 
     def launch(self, run: Run) -> None:
-        task = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
-        self.running[run.id] = task
+        self.running[run.id] = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
         self.runs[run.id] = run
 
     async def execute(self, run: Run) -> None:
@@ -173,13 +182,31 @@ class Workloop(Service):
                 executing.failed(outcome.message)
         seconds = time.monotonic() - started
         _log_outcome(run, outcome, label)
-        # The slot frees once the outcome is written, not before: a claim must not
-        # take more runs than the workloop has slots while outcomes wait in a batch.
-        recorded = await worker.completer.add(outcome)
-        worker.counters.count(run, outcome, recorded, seconds)
+        self.unwritten += 1
+        counted = functools.partial(self.written, run, outcome, seconds)
+        if run.lane == "fast_lane":
+            # A caller waits for the result, and admission counts fast-lane slots from
+            # the database: the slot frees once the outcome is written.
+            stored: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            worker.completer.add(outcome, lambda recorded: _resolve(stored, recorded))
+            counted(await stored)
+        else:
+            worker.completer.add(outcome, counted)
         del self.running[run.id], self.runs[run.id]
         if self.backlog:
             self.wake.set()
+
+    def written(self, run: Run, outcome: Outcome, seconds: float, recorded: bool) -> None:
+        """Count an attempt once its outcome is written (or given up)."""
+        self.unwritten -= 1
+        self.worker.counters.count(run, outcome, recorded, seconds)
+        if self.backlog:
+            self.wake.set()
+
+
+def _resolve(future: asyncio.Future[bool], value: bool) -> None:
+    if not future.done():  # not cancelled by a shutdown meanwhile
+        future.set_result(value)
 
 
 def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:

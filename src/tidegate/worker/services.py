@@ -121,11 +121,9 @@ class Completer(Service):
     There is no timer: an idle worker writes each outcome at once, a busy one writes
     larger batches. Fast-lane outcomes skip the queue (a caller is waiting). A write that
     fails on a database error is retried; the outcomes stay in ``pending`` (and their
-    leases renewed) until they are written. ``add`` returns a future that resolves once
-    the outcome is written: a slot stays taken until then, so the database never shows
-    a workloop running more runs than it has slots, and a slow database slows claiming.
-    It resolves to whether the outcome was recorded (not when it came late, or was
-    refused).
+    leases renewed) until they are written. Once an outcome is written or given up,
+    ``add``'s callback is called with whether it was recorded (not when it came late, or
+    was refused).
     """
 
     name = "completer"
@@ -135,13 +133,18 @@ class Completer(Service):
         self.pool = pool
         self.params = params
         self.queue: list[Outcome] = []
-        self.pending: dict[int, asyncio.Future[bool]] = {}
-        """Outcomes not written yet, by run id: each future resolves once it is."""
+        self.pending: dict[int, Callable[[bool], None]] = {}
+        """Outcomes not written yet, by run id, each with its callback."""
         self.ready = asyncio.Event()
+        self.settled = asyncio.Event()
+        """Set while ``pending`` is empty: every outcome added has been written."""
+        self.settled.set()
         self.urgent: set[asyncio.Task[None]] = set()
 
-    def add(self, outcome: Outcome) -> asyncio.Future[bool]:
-        written = self.pending[outcome.run_id] = asyncio.get_running_loop().create_future()
+    def add(self, outcome: Outcome, written: Callable[[bool], None]) -> None:
+        """Write ``outcome`` soon, then call ``written(recorded)``."""
+        self.pending[outcome.run_id] = written
+        self.settled.clear()
         if outcome.lane == "fast_lane":
             task = asyncio.create_task(self.write([outcome]), name="tidegate.complete-fast")
             self.urgent.add(task)
@@ -149,7 +152,6 @@ class Completer(Service):
         else:
             self.queue.append(outcome)
             self.ready.set()
-        return written
 
     async def run(self) -> None:
         while True:
@@ -160,8 +162,8 @@ class Completer(Service):
                 await self.write(batch)
 
     async def write(self, batch: Sequence[Outcome]) -> None:
-        """Write a batch; resolve each outcome's future once it is written or given up,
-        to whether it was recorded.
+        """Write a batch; call each outcome's callback once it is written or given up,
+        with whether it was recorded.
 
         A transient error (an outage) is retried until it passes. A batch the database
         refuses is written one outcome at a time, so one bad outcome cannot hold back the
@@ -189,8 +191,10 @@ class Completer(Service):
                 await self._note_late(late)
         for outcome in batch:
             written = self.pending.pop(outcome.run_id, None)
-            if written is not None and not written.done():
-                written.set_result(outcome.run_id in recorded)
+            if written is not None:
+                written(outcome.run_id in recorded)
+        if not self.pending:
+            self.settled.set()
 
     async def _note_late(self, late: Sequence[Outcome]) -> None:
         """Say, in the log and in the runs' errors, which outcomes came too late."""
@@ -233,13 +237,13 @@ class Completer(Service):
             return {row[0] for row in rows if row[0] is not None}
 
     async def drain(self) -> None:
-        """Write everything queued, then stop."""
-        if self.urgent:
-            await asyncio.gather(*self.urgent)
+        """Wait until every outcome added has been written, then stop."""
+        if self.task is None or self.task.done():  # not started, or ended by a bug
+            while self.queue:
+                batch, self.queue = self.queue, []
+                await self.write(batch)
+        await self.settled.wait()
         await self.stop()
-        while self.queue:
-            batch, self.queue = self.queue, []
-            await self.write(batch)
 
 
 def _log_breaker(lane: str, key: str, change: str) -> None:
