@@ -158,6 +158,8 @@ async def test_disabled_trigger_gets_404(
 ) -> None:
     await create_project(client, "acme")
     trigger = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+    accepted = await client.post(trigger["url"], json={"a": 0})  # the API now knows it
+    assert accepted.status_code == 202, accepted.text
     patched = await client.patch(
         f"/admin/triggers/{trigger['id']}", json={"enabled": False}, headers=ADMIN
     )
@@ -167,8 +169,28 @@ async def test_disabled_trigger_gets_404(
     response = await client.post(trigger["url"], json={"a": 1})
 
     assert_problem(response, 404)
-    assert counts(sql) == (0, 0)
+    assert counts(sql) == (1, 1)
     await healthy(client)
+
+
+async def test_a_trigger_disabled_elsewhere_is_refused_within_a_second(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """An API process keeps a trigger it looked up for up to a second: a change made
+    through another process (the CLI, another API process) applies within that."""
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+    assert (await client.post(trigger["url"], json={"a": 0})).status_code == 202
+    sql.execute("UPDATE triggers SET enabled = false WHERE id = %s", [trigger["id"]])
+    disabled_at = time.monotonic()
+
+    statuses = []
+    while not statuses or statuses[-1] != 404:
+        statuses.append((await client.post(trigger["url"], json={"a": 1})).status_code)
+        assert time.monotonic() - disabled_at < 1.5, statuses
+
+    assert set(statuses) <= {202, 404}
+    assert counts(sql) == (statuses.count(202) + 1,) * 2
 
 
 async def test_body_over_the_limit_gets_413(

@@ -20,6 +20,7 @@ the same steps (``storage.sql.Steps``), only the connection differs.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -75,7 +76,7 @@ class Task:
     backoff: Callable[[int], float] | None = None
     """Seconds to wait before attempt ``n + 1`` after attempt ``n`` failed."""
 
-    @property
+    @functools.cached_property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
 

@@ -280,7 +280,9 @@ async def patch_trigger(
     trigger_id: TriggerIdPath, body: TriggerFields, request: Request
 ) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    return await _shown(request, await _apply(request, update_trigger(trigger_id, **changes)))
+    updated = await _apply(request, update_trigger(trigger_id, **changes))
+    request.app.state.ingress.triggers.clear()  # this process uses the change at once
+    return await _shown(request, updated)
 
 
 class KeyPolicy(BaseModel):

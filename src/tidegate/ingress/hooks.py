@@ -58,6 +58,12 @@ FORCED_OPEN_RETRY_SECONDS = 60
 """Retry-After while a key's breaker is forced open: no cooldown says when it ends."""
 MAX_TOKEN_CHARS = 128
 """Longer than any trigger token: not looked up."""
+TRIGGER_CACHE_SECONDS = 1.0
+"""How long an API process goes on using a trigger it looked up. A change made through
+another process (another API process, the CLI) applies within this; one made through
+this process's admin API, at once."""
+TRIGGER_CACHE_SIZE = 10_000
+"""Triggers an API process keeps at most; a full cache starts over."""
 KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
 FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 """An HTTP field name (RFC 9110 token)."""
@@ -206,7 +212,7 @@ def _record(
 
 async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -> Response:
     settings = ingress.settings
-    found = await ingress.run(_find_trigger(token)) if len(token) <= MAX_TOKEN_CHARS else None
+    found = await _trigger(ingress, token) if len(token) <= MAX_TOKEN_CHARS else None
     if found is None:
         return problem(404, "unknown trigger")
     trigger: Trigger = found
@@ -480,6 +486,22 @@ async def _read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _trigger(ingress: Ingress, token: str) -> Trigger | None:
+    """Return the trigger of ``token``: from this process's cache if it was looked up
+    less than ``TRIGGER_CACHE_SECONDS`` ago (one round trip per webhook, not two), else
+    from the database. Unknown tokens are not kept: they cost a lookup each, as before."""
+    now = time.monotonic()
+    cached = ingress.triggers.get(token)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    found = await ingress.run(_find_trigger(token))
+    if found is not None:
+        if len(ingress.triggers) >= TRIGGER_CACHE_SIZE:
+            ingress.triggers.clear()
+        ingress.triggers[token] = (now + TRIGGER_CACHE_SECONDS, found)
+    return found
 
 
 def _find_trigger(token: str) -> Steps[Trigger | None]:

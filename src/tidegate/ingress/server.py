@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -34,6 +34,9 @@ from tidegate.settings import Settings
 from tidegate.storage.database import RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Steps, T, adrive, query
+
+if TYPE_CHECKING:
+    from tidegate.ingress.hooks import Trigger
 
 log = logging.getLogger("tidegate.ingress")
 
@@ -133,6 +136,9 @@ class Ingress:
         )
         self.completions = Completions(self.app.database.aconnect, self.app.completed_channel)
         self.ledger = Ledger(self.pool, settings)
+        self.triggers: dict[str, tuple[float, Trigger]] = {}
+        """Triggers looked up lately, by token, with when each stops being used
+        (ingress/hooks.py); emptied when this process's admin API changes one."""
 
     async def run(self, steps: Steps[T]) -> T:
         async with self.pool.connection() as conn:

@@ -77,7 +77,10 @@ class Tallies(Generic[K]):
         self.unwritten: dict[K, Tally] = {}
 
     def tally(self, series: K) -> Tally:
-        return self.unwritten.setdefault(series, Tally(self.bounds))
+        tally = self.unwritten.get(series)
+        if tally is None:
+            tally = self.unwritten[series] = Tally(self.bounds)
+        return tally
 
     def take(self) -> dict[K, Tally]:
         taken, self.unwritten = self.unwritten, {}
