@@ -326,7 +326,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "worker":
         adapter = load(args.system, args.database_url)
-        asyncio.run(serve_worker(adapter, args.concurrency, args.samples))
+        loop_factory = None
+        if adapter.uvloop:
+            import uvloop
+
+            loop_factory = uvloop.new_event_loop
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(serve_worker(adapter, args.concurrency, args.samples))
         return
     options = Options(**json.loads(args.options))
     result = Measurement(args.system, args.database_url, options).run(args.workload)

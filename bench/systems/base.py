@@ -41,6 +41,8 @@ class Adapter:
     """Tables (``schema.table`` where not public) to ``VACUUM ANALYZE`` after a backlog load."""
     fairness: ClassVar[str] = "none: one plain queue, first in first out"
     """How the starvation workload uses the system: its per-key fairness, or none."""
+    uvloop: ClassVar[bool] = False
+    """Whether the system's worker runs on uvloop (as its own worker command does)."""
 
     def __init__(self, url: str) -> None:
         self.url = url

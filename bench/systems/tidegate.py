@@ -23,6 +23,7 @@ class TidegateAdapter(Adapter):
     name = "tidegate"
     tables = ("tidegate.runs",)
     fairness = "per-key round-robin (the default; the tenant is the run's key)"
+    uvloop = True  # as `tidegate worker` runs
 
     def __init__(self, url: str) -> None:
         super().__init__(url)

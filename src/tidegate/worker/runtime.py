@@ -68,6 +68,15 @@ CLAIM_HEAD_SCAN = 64
 """Candidates a claim looks at at the head of a lane before it jumps to the frontier."""
 
 
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """Return uvloop's loop factory where uvloop is installed, else None (asyncio's)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 class Workloop(Service):
     """One group of slots claiming along its lane chain."""
 
