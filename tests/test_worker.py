@@ -6,6 +6,7 @@ on conditions in the database, never on sleeps.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import Any
 
@@ -283,6 +284,36 @@ async def test_workloop_never_runs_more_runs_than_its_slots(
     # its outcome is written, and a workloop holds at most `slots` unwritten outcomes.
     assert 0 < max(seen_running) <= 6
     assert _max_overlap(sql) == 3
+
+
+async def test_a_workloop_stops_claiming_while_its_slots_worth_of_outcomes_wait_unwritten(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """A slot frees when its handler returns, before its outcome is written; but a
+    workloop holds at most its slot count of unwritten outcomes, so a database that
+    cannot take the outcomes stops its claims rather than piling runs up."""
+    runs = app.enqueue_many([NewRun("async_sleep", {"seconds": 0.2}) for _ in range(12)])
+    ids = [run.id for run in runs]
+    blocker = app.database.connect(autocommit=False)
+    async with running_worker(app, "manual>*:2") as worker:
+        try:
+            await wait_until(lambda: count(sql, "state = 'running'") == 2, 10)
+            # Hold the first two runs' rows: their outcomes cannot be written meanwhile.
+            held = blocker.execute("SELECT id FROM runs WHERE state = 'running' FOR UPDATE")
+            assert len(held.fetchall()) == 2
+            # Their handlers return, two more runs are claimed into the freed slots and
+            # finish too; then the workloop, with 2 outcomes unwritten, holds 4 runs
+            # whose outcomes wait, and claims nothing more.
+            (loop,) = worker.workloops
+            await wait_until(lambda: loop.unwritten == 4, 10)
+            await asyncio.sleep(1.0)
+            assert count(sql, "attempt > 0") == 4
+            assert loop.unwritten == 4 and loop.free == 0
+        finally:
+            blocker.rollback()  # the outcomes go through, and so do the other runs
+            blocker.close()
+        await wait_until(lambda: finished(app, ids), 20)
+    assert count(sql, "state = 'succeeded' AND attempt = 1") == 12
 
 
 def _max_overlap(sql: psycopg.Connection) -> int:
