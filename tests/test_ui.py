@@ -21,6 +21,7 @@ import pytest
 
 from tests.http_fixtures import ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import NewRun, Tidegate
+from tidegate.schedules import create_schedule
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 
@@ -670,3 +671,31 @@ async def test_a_project_session_sees_its_own_project_only(
     activity = (await browser.client.get("/ui/api/activity")).json()
     assert activity["throughput"] is None
     assert activity["admissions"]["series"] == ["admitted"]
+
+
+async def test_the_schedules_page_shows_timing_last_run_and_errors_and_a_project_its_own(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    alpha = await create_project(client, "alpha")
+    app.execute(
+        create_schedule("alpha", "nightly", "noop", cron="30 2 * * *", timezone="Europe/Berlin")
+    )
+    app.execute(create_schedule("bravo", "bravo-secret-schedule", "noop", interval_seconds=90))
+    run = app.enqueue("noop", project="alpha")
+    sql.execute(
+        "UPDATE schedules SET last_run_id = %s, last_tick = now(), missed_ticks = 3,"
+        " last_error = 'KeyError: tenant' WHERE name = 'nightly'",
+        [run.id],
+    )
+    admin = await sign_in(ADMIN_TOKEN)
+    page = await admin.page("/ui/schedules")
+    assert attribute_values(page, "data-project") == ["alpha", "bravo"]
+    nightly = cells(page, 'data-project="alpha" data-name', "nightly")
+    assert "<code>30 2 * * *</code> Europe/Berlin" in nightly
+    assert f'<a href="/ui/runs/{run.id}">{run.id}</a> available' in nightly
+    assert '<td class="num">3</td>' in nightly and "KeyError: tenant" in nightly
+    assert "every 90 s" in cells(page, 'data-project="bravo" data-name', "bravo-secret-schedule")
+
+    own = await (await sign_in(alpha["token"])).page("/ui/schedules")
+    assert attribute_values(own, "data-project") == ["alpha"]
+    assert "bravo-secret-schedule" not in own

@@ -36,11 +36,12 @@ from typing import Any, TypeVar, overload
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from tidegate import forward, policies
+from tidegate import forward, policies, schedules
 from tidegate.errors import ConfigError, EnqueueError, InputError
 from tidegate.limits import check_identifier, check_json, check_lane, check_text
 from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import Run, RunState, run_row
+from tidegate.schedules import Declared
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
 from tidegate.storage.migrate import migrate
@@ -114,6 +115,8 @@ class Tidegate:
         self.tasks[forward.FORWARD_TASK] = Task(
             forward.FORWARD_TASK, forward.handler(self.aexecute), timeout=None
         )
+        self.schedules: dict[tuple[str, str], Declared] = {}
+        """The schedules declared with ``periodic``, by (project, name)."""
         self._async_pool: tuple[asyncio.AbstractEventLoop, AsyncConnectionPool] | None = None
         self._worker_checks: dict[tuple[str, str], float] = {}
         """When each (lane, task) was last found to have a live worker, or not."""
@@ -190,6 +193,68 @@ class Tidegate:
 
         return register(fn) if fn is not None else register
 
+    def periodic(
+        self,
+        cron: str | None = None,
+        *,
+        every: float | timedelta | None = None,
+        timezone: str = "UTC",
+        name: str | None = None,
+        args: dict[str, Any] | None = None,
+        project: str = DEFAULT_PROJECT,
+        lane: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        catch_up: str = schedules.DEFAULT_CATCH_UP,
+        catch_up_limit: int = schedules.DEFAULT_CATCH_UP_LIMIT,
+    ) -> Callable[[F | Task], Task]:
+        """Run a task on a schedule: ``@app.periodic("0 8 * * MON", timezone="Europe/Berlin")``
+        (or ``every=30`` seconds) above ``@app.task(...)``, a plain function (made a task
+        with the defaults), or called on a task: ``app.periodic(every=60)(send_digest)``.
+
+        Each worker with the task writes the schedule when it starts (and deletes the
+        schedules of its tasks the code no longer declares); every tick makes exactly one
+        run, however many workers run. ``name`` (default: the task's name) tells a task's
+        schedules apart; options left ``None`` come from the task, as for ``enqueue``.
+        See ``tidegate.schedules`` for the timing, DST and the ``catch_up`` policies.
+        """
+        seconds = every.total_seconds() if isinstance(every, timedelta) else every
+
+        def declare(target: F | Task) -> Task:
+            task = target if isinstance(target, Task) else self.task(target)
+            declared_name = name or task.name
+            try:
+                schedules.check_name(project, declared_name)
+                fields = schedules.check_schedule(
+                    {
+                        "task": task.name,
+                        "args": {} if args is None else args,
+                        "lane": lane,
+                        "key": key,
+                        "priority": priority,
+                        "max_attempts": max_attempts,
+                        "cron": cron,
+                        "interval_seconds": seconds,
+                        "timezone": timezone,
+                        "catch_up": catch_up,
+                        "catch_up_limit": catch_up_limit,
+                        "paused": False,
+                    },
+                    self.settings.max_json_depth,
+                )
+            except InputError as error:
+                raise ConfigError(f"schedule {declared_name!r}: {error}") from None
+            if (project, declared_name) in self.schedules:
+                raise ConfigError(
+                    f"schedule {declared_name!r} of project {project!r} is declared twice: "
+                    "give each schedule of a task its own name="
+                )
+            self.schedules[(project, declared_name)] = Declared(project, declared_name, fields)
+            return task
+
+        return declare
+
     # -- enqueue ------------------------------------------------------------------
 
     def enqueue(self, task: str | Task, args: dict[str, Any] | None = None, **options: Any) -> Run:
@@ -198,9 +263,9 @@ class Tidegate:
 
     def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Enqueue runs in one statement; return them in input order."""
-        rows = [self._row(n) for n in runs]
+        rows = [self.resolve(n) for n in runs]
         with _enqueue_span(rows):
-            return self.execute(self._insert_steps(rows))
+            return self.execute(self.insert_steps(rows))
 
     async def aenqueue(
         self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
@@ -210,16 +275,18 @@ class Tidegate:
 
     async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
         """Async form of ``enqueue_many``."""
-        rows = [self._row(n) for n in runs]
+        rows = [self.resolve(n) for n in runs]
         with _enqueue_span(rows):
-            return await self.aexecute(self._insert_steps(rows))
+            return await self.aexecute(self.insert_steps(rows))
 
     def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         """The steps of ``enqueue_many``, for a caller that runs them on a connection of
         its own (the API process, on its pool: the dashboard's Replay)."""
-        return self._insert_steps([self._row(n) for n in new])
+        return self.insert_steps([self.resolve(n) for n in new])
 
-    def _insert_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
+    def insert_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
+        """The steps that insert rows ``resolve`` made; they return the runs in input
+        order (the original run for a repeated idempotency key)."""
         if not rows:
             return []
         yield from self._warn_of_tasks_without_worker(rows)
@@ -264,7 +331,7 @@ class Tidegate:
         if any(run is None for run in results):
             # The original was pruned between the insert and the read: insert again.
             missing = [row for row, run in zip(rows, results, strict=True) if run is None]
-            again = iter((yield from self._insert_steps(missing)))
+            again = iter((yield from self.insert_steps(missing)))
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 
@@ -301,7 +368,7 @@ class Tidegate:
                     lane,
                 )
 
-    def _row(self, n: NewRun) -> dict[str, Any]:
+    def resolve(self, n: NewRun) -> dict[str, Any]:
         """Resolve one ``NewRun`` against its task and the defaults into a row to insert.
 
         Every value is checked against ``tidegate.limits`` here, so that nothing the

@@ -192,6 +192,7 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 @_option("--heartbeat-seconds", type=float, help="How often leases and the worker row renew.")
 @_option("--poll-seconds", type=float, help="Safety-net poll when no NOTIFY arrives.")
 @_option("--rescue-seconds", type=float, help="How often expired leases are looked for.")
+@_option("--schedule-seconds", type=float, help="How often due schedules are looked for.")
 @_option("--shutdown-grace-seconds", type=float, help="How long SIGTERM waits for runs.")
 @_option("--retention-seconds", type=float, help="How long finished runs are kept.")
 @click.pass_context
@@ -412,13 +413,14 @@ def _limits(function: FC) -> FC:
 def _admin(ctx: click.Context, steps: Any) -> Any:
     from tidegate.policies import PolicyError
     from tidegate.projects import AdminError, NotFoundError, domain_error
+    from tidegate.schedules import ScheduleError
 
     with _open(ctx) as app:
         try:
             return app.execute(steps)
         except psycopg.errors.IntegrityError as error:
             raise Failure(str(domain_error(error))) from None
-        except (AdminError, NotFoundError, PolicyError) as error:
+        except (AdminError, NotFoundError, PolicyError, ScheduleError) as error:
             raise Failure(str(error)) from None
 
 
@@ -643,3 +645,89 @@ def keys_force(ctx: click.Context, /, lane: str, key: str, force: str) -> None:
 
     shown = _admin(ctx, force_breaker(lane, key, None if force == "auto" else force))
     _echo(shown or {"lane": lane, "key": key, "state": "closed"})
+
+
+@main.group()
+def schedules() -> None:
+    """Cron and interval schedules of projects: one run per tick (see tidegate.schedules)."""
+
+
+@schedules.command("create")
+@click.argument("project_id")
+@click.argument("name")
+@_command_option("--task", required=True, help="The task each tick runs.")
+@_command_option("--cron", help="Cron expression: 5 fields, 6 with seconds first, or @daily.")
+@_command_option(
+    "--every", "interval_seconds", type=click.FloatRange(1), help="Or: seconds between ticks."
+)
+@_command_option("--timezone", default="UTC", help="IANA time zone the cron is read in.")
+@_command_option("--args", "args_json", default="{}", help="The runs' args, a JSON object.")
+@_command_option("--lane", help="Lane of its runs.  [default: the task's]")
+@_command_option("--key", help="Concurrency/fairness key.  [default: the task's, or the project]")
+@_command_option("--priority", type=click.IntRange(0, 9))
+@_command_option("--max-attempts", type=click.IntRange(1, 1000))
+@_command_option(
+    "--catch-up",
+    type=click.Choice(["once", "all", "skip"]),
+    default="once",
+    help="After downtime: the newest missed tick, each one, or none.",
+)
+@_command_option("--catch-up-limit", type=click.IntRange(1, 10_000), default=100)
+@_command_option("--paused", is_flag=True, help="Create it paused.")
+@click.pass_context
+def schedules_create(
+    ctx: click.Context, /, project_id: str, name: str, task: str, args_json: str, **options: Any
+) -> None:
+    """Create schedule NAME of PROJECT_ID; prints it with its first tick."""
+    from tidegate.schedules import create_schedule
+
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as error:
+        raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
+    _echo(_admin(ctx, create_schedule(project_id, name, task, args=args, **options)))
+
+
+@schedules.command("list")
+@click.argument("project_id", required=False)
+@click.pass_context
+def schedules_list(ctx: click.Context, /, project_id: str | None) -> None:
+    """List schedules (of PROJECT_ID, or of all): next tick, last run and its state."""
+    from tidegate.schedules import list_schedules
+
+    _echo(_admin(ctx, list_schedules(project_id)))
+
+
+@schedules.command("pause")
+@click.argument("project_id")
+@click.argument("name")
+@click.pass_context
+def schedules_pause(ctx: click.Context, /, project_id: str, name: str) -> None:
+    """Pause schedule NAME: no runs until it is resumed."""
+    from tidegate.schedules import update_schedule
+
+    _echo(_admin(ctx, update_schedule(project_id, name, paused=True)))
+
+
+@schedules.command("resume")
+@click.argument("project_id")
+@click.argument("name")
+@click.pass_context
+def schedules_resume(ctx: click.Context, /, project_id: str, name: str) -> None:
+    """Resume schedule NAME from its first tick after now."""
+    from tidegate.schedules import update_schedule
+
+    _echo(_admin(ctx, update_schedule(project_id, name, paused=False)))
+
+
+@schedules.command("delete")
+@click.argument("project_id")
+@click.argument("name")
+@click.pass_context
+def schedules_delete(ctx: click.Context, /, project_id: str, name: str) -> None:
+    """Delete schedule NAME (its runs stay; one declared in code comes back when a worker
+    with its task starts)."""
+    from tidegate.schedules import delete_schedule
+
+    if not _admin(ctx, delete_schedule(project_id, name)):
+        raise Failure(f"no schedule {name!r} in project {project_id!r}")

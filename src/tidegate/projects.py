@@ -199,10 +199,11 @@ def domain_error(error: psycopg.Error) -> TidegateError:
         "triggers_forward_headers_range": "forward_headers holds at most 32 names",
         "triggers_forward_timeout_range": "forward_timeout_seconds must be > 0 and <= 300",
         "triggers_breaker_key_range": "breaker_key must be 1 to 255 characters",
+        "schedules_name_unique": "a schedule with this name exists already in this project",
     }
     if constraint == "triggers_project_fkey":
         return NotFoundError(messages[constraint])
-    if constraint in ("projects_pkey", "triggers_name_unique"):
+    if constraint in ("projects_pkey", "triggers_name_unique", "schedules_name_unique"):
         return ConflictError(messages[constraint])
     if constraint in messages:
         return AdminError(messages[constraint])

@@ -30,6 +30,7 @@ DEFAULT_HEARTBEAT_SECONDS = 2.0
 DEFAULT_POLL_SECONDS = 1.0
 DEFAULT_STAGE_SECONDS = 0.5
 DEFAULT_RESCUE_SECONDS = 5.0
+DEFAULT_SCHEDULE_SECONDS = 1.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_PRUNE_SECONDS = 60.0
 DEFAULT_PRUNE_BATCH = 1000
@@ -98,6 +99,9 @@ class Settings:
     poll_seconds: float = DEFAULT_POLL_SECONDS
     stage_seconds: float = DEFAULT_STAGE_SECONDS
     rescue_seconds: float = DEFAULT_RESCUE_SECONDS
+    schedule_seconds: float = DEFAULT_SCHEDULE_SECONDS
+    """How often a worker looks for schedules whose tick has come (a tick runs at most
+    this late)."""
     retention_seconds: float = DEFAULT_RETENTION_SECONDS
     prune_seconds: float = DEFAULT_PRUNE_SECONDS
     prune_batch: int = DEFAULT_PRUNE_BATCH

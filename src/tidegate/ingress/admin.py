@@ -1,4 +1,4 @@
-"""The admin API (super admin only): projects, their limits, and their triggers.
+"""The admin API (super admin only): projects, their limits, triggers and schedules.
 
 A change to a project's limits holds for the next request: admission reads the
 project's row inside every admission transaction, nothing is cached. Every field and
@@ -59,6 +59,17 @@ from tidegate.projects import (
     update_project,
     update_trigger,
 )
+from tidegate.schedules import (
+    MAX_CATCH_UP_LIMIT,
+    MAX_INTERVAL_SECONDS,
+    MIN_INTERVAL_SECONDS,
+    ScheduleError,
+    create_schedule,
+    delete_schedule,
+    get_schedule,
+    list_schedules,
+    update_schedule,
+)
 from tidegate.storage.sql import Statement, Steps
 
 log = logging.getLogger("tidegate.ingress")
@@ -68,7 +79,7 @@ router = APIRouter(
     dependencies=[Security(BEARER), Depends(current_caller)],
     responses=AUTH_RESPONSES,
 )
-NOT_FOUND = problem_responses(**{"404": "no such project, trigger or policy"})
+NOT_FOUND = problem_responses(**{"404": "no such project, trigger, policy or schedule"})
 CONFLICT = problem_responses(**{"409": "it exists already, or the id is reserved"})
 
 ProjectIdPath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
@@ -93,6 +104,7 @@ KeyPath = Annotated[
     str, Path(min_length=1, max_length=MAX_TEXT_CHARS, description="a key, or * for the lane")
 ]
 TriggerIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+ScheduleNamePath = Annotated[str, Path(min_length=1, max_length=MAX_TEXT_CHARS)]
 Secret = Annotated[
     str,
     Field(max_length=200, description="Standard Webhooks secret: whsec_ + base64 of 24-64 bytes"),
@@ -184,7 +196,7 @@ async def _apply(request: Request, steps: Steps[Any]) -> Any:
         return await ingress.run(steps)
     except psycopg.errors.IntegrityError as error:
         raise _http(domain_error(error)) from None
-    except (AdminError, NotFoundError, PolicyError) as error:
+    except (AdminError, NotFoundError, PolicyError, ScheduleError) as error:
         raise _http(error) from None
 
 
@@ -364,3 +376,86 @@ async def put_breaker(
     """Force a key's circuit breaker open or closed, or hand it back to its policy."""
     shown = await _apply(request, force_breaker(lane, key, body.force))
     return shown or {"lane": lane, "key": key, "state": "closed"}
+
+
+class ScheduleFields(BaseModel):
+    """A schedule's fields (tidegate.schedules); lane, key, priority and max_attempts left
+    null come from the task, as the worker that has it enqueues."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: Text | None = None
+    args: dict[str, Any] | None = None
+    lane: (
+        Annotated[str, Field(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)] | None
+    ) = None
+    key: Text | None = None
+    priority: int | None = Field(None, ge=0, le=9)
+    max_attempts: int | None = Field(None, ge=1, le=1000)
+    cron: str | None = Field(
+        None, max_length=255, description="5 fields, 6 with seconds first, or @daily etc."
+    )
+    interval_seconds: float | None = Field(
+        None, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS, allow_inf_nan=False
+    )
+    timezone: str | None = Field(None, max_length=64, description="IANA name; default UTC")
+    catch_up: Literal["once", "all", "skip"] | None = Field(
+        None, description="after downtime: the newest missed tick (once), each (all), none"
+    )
+    catch_up_limit: int | None = Field(None, ge=1, le=MAX_CATCH_UP_LIMIT)
+    paused: bool | None = None
+
+
+class NewSchedule(ScheduleFields):
+    name: Text
+    task: Text
+
+
+@router.post("/projects/{project_id}/schedules", status_code=201, responses=CONFLICT)
+async def post_schedule(
+    project_id: ProjectIdPath, body: NewSchedule, request: Request
+) -> dict[str, Any]:
+    """Create a schedule: a cron expression or an interval; its first tick is after now."""
+    fields = body.model_dump(exclude_unset=True, exclude={"name", "task"})
+    depth = request.app.state.ingress.settings.max_json_depth
+    steps = create_schedule(project_id, body.name, body.task, max_json_depth=depth, **fields)
+    return await _apply(request, steps)  # type: ignore[no-any-return]
+
+
+@router.get("/schedules")
+async def get_schedules(
+    request: Request,
+    project: Annotated[
+        str | None, Query(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
+    ] = None,
+) -> list[dict[str, Any]]:
+    """Schedules (of a project, or of all): next tick, last run and its state, errors."""
+    return await _apply(request, list_schedules(project))  # type: ignore[no-any-return]
+
+
+@router.get("/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND)
+async def get_one_schedule(
+    project_id: ProjectIdPath, name: ScheduleNamePath, request: Request
+) -> dict[str, Any]:
+    return await _apply(request, get_schedule(project_id, name))  # type: ignore[no-any-return]
+
+
+@router.patch("/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND | CONFLICT)
+async def patch_schedule(
+    project_id: ProjectIdPath, name: ScheduleNamePath, body: ScheduleFields, request: Request
+) -> dict[str, Any]:
+    """Change a schedule; ``{"paused": true}`` pauses it, ``false`` resumes it from the
+    first tick after now. A schedule declared in code can only be paused or resumed."""
+    depth = request.app.state.ingress.settings.max_json_depth
+    changes = body.model_dump(exclude_unset=True)
+    steps = update_schedule(project_id, name, max_json_depth=depth, **changes)
+    return await _apply(request, steps)  # type: ignore[no-any-return]
+
+
+@router.delete("/projects/{project_id}/schedules/{name:key}", status_code=204, responses=NOT_FOUND)
+async def delete_one_schedule(
+    project_id: ProjectIdPath, name: ScheduleNamePath, request: Request
+) -> None:
+    """Delete a schedule; its runs stay."""
+    if not await _apply(request, delete_schedule(project_id, name)):
+        raise HTTPException(404, f"no schedule {name!r} in project {project_id!r}")

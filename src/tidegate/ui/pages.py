@@ -1,4 +1,4 @@
-"""The dashboard's cluster pages: sign-in, overview, workers, projects, keys.
+"""The dashboard's cluster pages: sign-in, overview, workers, projects, keys, schedules.
 
 Every statement a page runs is given the session's project (None for the super admin)
 and filters by it; what is the whole cluster's and cannot be split by project (lane
@@ -22,6 +22,7 @@ from tidegate.ingress.metrics import (
     read_lanes,
 )
 from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
+from tidegate.schedules import list_schedules
 from tidegate.ui.session import (
     Current,
     Session,
@@ -48,6 +49,7 @@ MAX_PROJECTS = 100
 MAX_KEYS = 100
 """Rows of the keys page."""
 MAX_WORKERS = 1000
+MAX_SCHEDULES = 1000
 MAX_TOKEN_CHARS = 200
 """Longer than any token tidegate makes: not looked up."""
 
@@ -210,6 +212,15 @@ async def keys(request: Request, session: Current) -> HTMLResponse:
         scan_limit=f"{KEY_SCAN:,}",
         waiting_cap=WAITING_CAP,
     )
+
+
+@router.get("/schedules")
+async def schedules(request: Request, session: Current) -> HTMLResponse:
+    """Every schedule (a project's own to its session): its timing, next tick, last run."""
+    found = await ingress_of(request).run(
+        list_schedules(session.caller.project, limit=MAX_SCHEDULES)
+    )
+    return render(request, "schedules.html", schedules=found, limit=MAX_SCHEDULES)
 
 
 def _admin_only(session: Session) -> None:

@@ -45,10 +45,11 @@ from tidegate.runs import Run, RunState, run_row
 from tidegate.settings import Settings
 from tidegate.storage.database import transient
 from tidegate.storage.migrate import check_schema
-from tidegate.storage.sql import query
+from tidegate.storage.sql import adrive, query
 from tidegate.tracing import span
 from tidegate.worker.counters import Counters, as_json, outcome_label
 from tidegate.worker.execute import Outcome, execute
+from tidegate.worker.scheduler import FIRE_LIMIT, declare_steps, fire_steps
 from tidegate.worker.services import (
     BATCH_LIMIT,
     Completer,
@@ -339,6 +340,7 @@ class Worker:
                     full=self.settings.prune_batch,
                 ),
             ),
+            Periodic("scheduler", self.settings.schedule_seconds, self.fire_schedules),
             Periodic(
                 "folder",
                 self.settings.rescue_seconds,
@@ -377,6 +379,8 @@ class Worker:
         tasks: list[asyncio.Task[None]] = []
         try:
             await self.beat()
+            async with self.pool.connection() as conn:
+                await adrive(conn, declare_steps(self.app, list(self.tasks)))
             tasks = [service.start() for service in self.services]
             await asyncio.wait_for(self.listener.listening.wait(), 10)
             tasks += [loop.start() for loop in self.workloops]
@@ -528,6 +532,12 @@ class Worker:
         rows = await fetch(self.pool, "rescue_runs", params)
         self.counters.rescued(rows)
         return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
+
+    async def fire_schedules(self) -> bool:
+        """Fire the due schedules of this worker's tasks (worker/scheduler.py)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            locked = await adrive(conn, fire_steps(self.app, list(self.tasks)))
+        return locked >= FIRE_LIMIT
 
     async def _fold(self) -> bool:
         """Fold the counters of workers no longer live into those of 'retired'."""

@@ -9,6 +9,7 @@
 - ``Rescuer``: returns the runs of workers whose leases ran out.
 - ``Pruner``: deletes finished runs past retention, one process at a time.
 - ``Folder``: folds the counters of workers that are no longer live into ``retired``.
+- ``Scheduler``: fires the due schedules of this worker's tasks (worker/scheduler.py).
 - ``Completer``: writes outcomes in batches; fast-lane outcomes at once.
 - ``Listener``: LISTENs for ready lanes and wakes the workloops that can take them.
 
