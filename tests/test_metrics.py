@@ -20,9 +20,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project
 from tidegate import NewRun, RunState, Tidegate
+from tidegate.schedules import create_schedule, update_schedule
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-CLOCKED = ("tidegate_lane_lag_seconds", "tidegate_worker_heartbeat_age_seconds")
+CLOCKED = (
+    "tidegate_lane_lag_seconds",
+    "tidegate_worker_heartbeat_age_seconds",
+    "tidegate_schedule_lag_seconds",
+)
 """The figures that change with the clock alone, from one scrape to the next."""
 
 
@@ -411,3 +416,23 @@ async def test_the_busiest_keys_show_their_runs_and_what_holds_them(
         ("held", "cap", "idle00", "default"): 0,
         ("held", "rate", "idle00", "default"): 0,
     }
+
+
+def test_schedules_are_counted_by_state_and_an_overdue_one_shows_its_lag(
+    app: Tidegate, api: ApiServer, sql: psycopg.Connection
+) -> None:
+    for name in ("due", "paused", "failing"):
+        app.execute(create_schedule("default", name, "noop", interval_seconds=60))
+    app.execute(update_schedule("default", "paused", paused=True))
+    # No worker fires them: 'due' waits 30 s past its tick, 'failing' says why it failed.
+    sql.execute("UPDATE schedules SET next_tick = now() - interval '30 s' WHERE name = 'due'")
+    sql.execute("UPDATE schedules SET last_error = 'KeyError: x' WHERE name = 'failing'")
+
+    samples = scrape(api)
+    states = {
+        dict(labels)["state"]: value
+        for labels, value in series(samples, "tidegate_schedules").items()
+    }
+    assert states == {"active": 2, "paused": 1, "failing": 1}
+    (lag,) = series(samples, "tidegate_schedule_lag_seconds").values()
+    assert 30 <= lag < 60

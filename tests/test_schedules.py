@@ -253,6 +253,27 @@ async def test_a_tick_whose_run_cannot_be_made_is_logged_kept_in_last_error_and_
     )
 
 
+async def test_scheduled_runs_obey_their_keys_policy_like_any_run(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    app.set_key_policy("default", "held", max_running=0)
+    for key in ("held", "free"):
+        app.execute(create_schedule("default", key, "echo", interval_seconds=1, key=key))
+    sql.execute("UPDATE schedules SET next_tick = now()")
+    async with running_worker(app, "manual>*:4", schedule_seconds=0.05):
+        await wait_until(lambda: len(app.list_runs(task="echo", state="succeeded")) >= 3, 15)
+
+    by_key = Counter(
+        (run.key, run.state.value, run.attempt) for run in app.list_runs(task="echo", limit=100)
+    )
+    assert {key for key, *_ in by_key} == {"held", "free"}
+    # The held key's runs wait unclaimed (no attempt spent); the free key's ran.
+    assert {(state, attempt) for key, state, attempt in by_key if key == "held"} == {
+        ("available", 0)
+    }
+    assert ("free", "succeeded", 1) in by_key
+
+
 # -- admin API and CLI --------------------------------------------------------------
 
 

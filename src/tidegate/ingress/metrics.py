@@ -143,6 +143,9 @@ class Figures:
     answer_times: dict[tuple[str, ...], Tally]
     """The time to answer by (mode, outcome), every project together."""
     keys: list[KeyFigures]
+    schedules: dict[str, int]
+    """Schedules by state: active, paused, failing (counted up to ``COUNT_CAP``)."""
+    schedule_lag_seconds: float
 
 
 def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
@@ -173,7 +176,7 @@ def read_keys(project: str | None, limit: int) -> Steps[list[KeyFigures]]:
 
 
 def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: six statements, each bounded (see module doc)."""
+    """Read every figure of a scrape: seven statements, each bounded (see module doc)."""
     lanes = yield from read_lanes(settings)
     workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
     projects = yield Statement(
@@ -191,6 +194,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
     keys = (
         (yield from read_keys(None, settings.metrics_max_keys)) if settings.metrics_max_keys else []
     )
+    (*schedules, schedule_lag), *_ = yield Statement("read_schedules", {"count_cap": COUNT_CAP})
     return Figures(
         lanes=lanes,
         workers_live=workers[0][0],
@@ -205,6 +209,8 @@ def read_figures(settings: Settings) -> Steps[Figures]:
             if kind == "time"
         },
         keys=[key for key in keys if key.key != "*"],
+        schedules=dict(zip(("active", "paused", "failing"), schedules, strict=True)),
+        schedule_lag_seconds=schedule_lag,
     )
 
 
@@ -274,6 +280,20 @@ class FiguresCollector(Collector):
         yield cap
         yield from _attempt_families(figures.attempts)
         yield from _key_families(figures.keys)
+        schedules = GaugeMetricFamily(
+            "tidegate_schedules",
+            "Schedules by state: active, paused, failing (the last tick made no run).",
+            labels=["state"],
+        )
+        for state, count in figures.schedules.items():
+            schedules.add_metric([state], count)
+        yield schedules
+        yield GaugeMetricFamily(
+            "tidegate_schedule_lag_seconds",
+            "How long the most overdue active schedule's tick has been due (0: none is): "
+            "no live worker has its task, or none fires.",
+            value=figures.schedule_lag_seconds,
+        )
         webhooks = CounterMetricFamily(
             "tidegate_webhooks",
             "Webhooks answered, by project, trigger mode, outcome and HTTP status (the "
