@@ -225,23 +225,21 @@ class Tidegate:
             task = target if isinstance(target, Task) else self.task(target)
             declared_name = name or task.name
             try:
-                schedules.check_name(project, declared_name)
-                fields = schedules.check_schedule(
-                    {
-                        "task": task.name,
-                        "args": {} if args is None else args,
-                        "lane": lane,
-                        "key": key,
-                        "priority": priority,
-                        "max_attempts": max_attempts,
-                        "cron": cron,
-                        "interval_seconds": seconds,
-                        "timezone": timezone,
-                        "catch_up": catch_up,
-                        "catch_up_limit": catch_up_limit,
-                        "paused": False,
-                    },
+                fields = schedules.new_schedule(
+                    project,
+                    declared_name,
+                    task.name,
                     self.settings.max_json_depth,
+                    args=args,
+                    lane=lane,
+                    key=key,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                    cron=cron,
+                    interval_seconds=seconds,
+                    timezone=timezone,
+                    catch_up=catch_up,
+                    catch_up_limit=catch_up_limit,
                 )
             except InputError as error:
                 raise ConfigError(f"schedule {declared_name!r}: {error}") from None

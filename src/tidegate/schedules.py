@@ -103,6 +103,21 @@ FIELDS = (
     "paused",
 )
 TIMING = ("cron", "interval_seconds", "timezone")
+DEFAULTS: dict[str, Any] = {
+    "args": {},
+    "lane": None,
+    "key": None,
+    "priority": None,
+    "max_attempts": None,
+    "cron": None,
+    "interval_seconds": None,
+    "timezone": "UTC",
+    "catch_up": DEFAULT_CATCH_UP,
+    "catch_up_limit": DEFAULT_CATCH_UP_LIMIT,
+    "paused": False,
+}
+"""A new schedule's fields where none is given: lane, key, priority and max_attempts
+``None`` are the task's."""
 BOUNDS = {
     "priority": (0, 9, True),
     "max_attempts": (1, 1000, True),
@@ -260,43 +275,28 @@ def _params(
     }
 
 
+def new_schedule(
+    project: str, name: str, task: str, max_json_depth: int = DEFAULT_MAX_JSON_DEPTH, **options: Any
+) -> dict[str, Any]:
+    """Check a new schedule: its name, and its fields (``FIELDS``; those left out take
+    ``DEFAULTS``); return them checked (``check_schedule``)."""
+    check_name(project, name)
+    fields = {**DEFAULTS, **{k: v for k, v in options.items() if v is not None}, "task": task}
+    return check_schedule(fields, max_json_depth)
+
+
 def create_schedule(
     project: str,
     name: str,
     task: str,
     *,
-    cron: str | None = None,
-    interval_seconds: float | None = None,
-    timezone: str = "UTC",
-    args: dict[str, Any] | None = None,
-    lane: str | None = None,
-    key: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    catch_up: str = DEFAULT_CATCH_UP,
-    catch_up_limit: int = DEFAULT_CATCH_UP_LIMIT,
-    paused: bool = False,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    **options: Any,
 ) -> Steps[dict[str, Any]]:
-    """Create schedule ``name`` of ``project``; its first tick is the first after now."""
-    check_name(project, name)
-    checked = check_schedule(
-        {
-            "task": task,
-            "args": {} if args is None else args,
-            "lane": lane,
-            "key": key,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "cron": cron,
-            "interval_seconds": interval_seconds,
-            "timezone": timezone,
-            "catch_up": catch_up,
-            "catch_up_limit": catch_up_limit,
-            "paused": paused,
-        },
-        max_json_depth,
-    )
+    """Create schedule ``name`` of ``project`` running ``task``, with ``cron`` or
+    ``interval_seconds`` and the other ``FIELDS`` as options; its first tick is the
+    first after now. Return it as ``get_schedule`` does."""
+    checked = new_schedule(project, name, task, max_json_depth, **options)
     first = checked["timing"].first_tick(datetime.now(UTC))
     yield Statement("insert_schedule", _params(project, name, checked, first))
     return (yield from get_schedule(project, name))
