@@ -27,6 +27,7 @@ import pytest
 from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer
 from tidegate import NewRun, Tidegate
 from tidegate.runs import RunState
+from tidegate.schedules import create_schedule
 
 CHROMIUM = Path("/usr/bin/chromium")
 ENABLE = "apt-get install -y chromium; pip install -e '.[test]'"
@@ -365,6 +366,15 @@ def test_screenshots_of_every_page(
         for m in range(1, 13)
     )
     app.enqueue("billing.close_month", {"month": "2026-10"}, project="initech")
+    for project, name, task, timing in [
+        ("acme", "receipts-digest", "shop.send_receipt", {"cron": "*/2 * * * *"}),
+        ("globex", "invoice-sync", "shop.sync_invoice", {"interval_seconds": 45}),
+        ("initech", "month-end", "shop.build_report", {"cron": "0 6 L * *", "paused": True}),
+        ("initech", "close-books", "billing.close_month", {"cron": "* * * * *"}),
+    ]:
+        app.execute(
+            create_schedule(project, name, task, timezone="Europe/Berlin", catch_up="all", **timing)
+        )
 
     start_worker_process("fast_lane:1 manual>*:3")
     start_worker_process("emails:2")
@@ -421,3 +431,7 @@ def test_screenshots_of_every_page(
     admin.goto("/ui/keys")
     expect(admin.locator("#keys tbody tr").first).to_be_visible()
     shoot(admin, "keys")
+
+    admin.goto("/ui/schedules")
+    expect(admin.locator('#schedules tr[data-name="invoice-sync"] td.run a')).to_be_visible()
+    shoot(admin, "schedules")
