@@ -8,6 +8,8 @@ the worker recovers by itself, without a restart.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 
 import psycopg
@@ -15,6 +17,7 @@ import pytest
 
 from tests.conftest import running_worker, wait_until
 from tidegate import NewRun, Tidegate
+from tidegate.worker.services import Periodic
 
 REFUSE = """
 CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -123,3 +126,27 @@ async def test_an_outcome_that_comes_after_its_run_left_the_worker_leaves_a_trac
         r.levelno == logging.WARNING and f"run {run.id}: the outcome of attempt 1" in r.getMessage()
         for r in caplog.records
     )
+
+
+async def test_a_service_stops_even_when_a_library_swallows_its_cancellation() -> None:
+    """psycopg can catch the CancelledError of a cancel() that lands while a query or a
+    transaction is cleaned up, and return as if nothing happened (seen on a worker's
+    scheduler: its shutdown then waited forever). The stop sends it again."""
+    ticks = 0
+
+    async def tick() -> bool:
+        nonlocal ticks
+        ticks += 1
+        if ticks == 1:
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed, as psycopg may
+                await asyncio.sleep(10)
+        return False
+
+    service = Periodic("swallower", 0.05, tick)
+    service.start()
+    await asyncio.sleep(0.01)
+    stopping = asyncio.create_task(service.stop())
+    done, _ = await asyncio.wait([stopping], timeout=3)
+    stopping.cancel()  # without the second cancel, the stop waits forever
+    assert done, "the service did not stop"
+    assert service.task is not None and service.task.cancelled()

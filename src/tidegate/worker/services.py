@@ -42,6 +42,8 @@ BATCH_LIMIT = 5000
 """Rows the stager and the rescuer move per statement."""
 FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 30.0
+STOP_AGAIN_SECONDS = 0.1
+"""How long a stopping service has to end before it is cancelled again."""
 
 
 def retry_delay(failures: int, first: float = FIRST_RETRY_SECONDS) -> float:
@@ -68,8 +70,16 @@ class Service:
         return self.task
 
     async def stop(self) -> None:
-        if self.task is not None and not self.task.done():
+        """Cancel the task and wait until it has ended.
+
+        The cancellation is sent again while the task runs on: a library may swallow one
+        (psycopg can, when it lands while a query or transaction is cleaned up, and the
+        call then returns as if nothing happened), and the service must stop all the same.
+        """
+        while self.task is not None and not self.task.done():
             self.task.cancel()
+            await asyncio.wait([self.task], timeout=STOP_AGAIN_SECONDS)
+        if self.task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
 
