@@ -108,6 +108,8 @@ def test_after_downtime_the_catch_up_policy_says_which_missed_ticks_run() -> Non
         ({"interval_seconds": float("nan")}, "interval_seconds"),
         ({"cron": "0 * * * *", "timezone": "Mars/Olympus"}, "timezone"),
         ({"cron": "0 * * * *", "timezone": "../../etc/passwd"}, "timezone"),
+        ({"cron": "0 * * * *", "timezone": "Europe"}, "timezone"),  # a folder of tzdata
+        ({"cron": "7 */1000 LW 7 */60"}, "never comes"),
         ({"cron": "0 * * * *", "catch_up": "sometimes"}, "catch_up"),
         ({"cron": "0 * * * *", "catch_up_limit": 0}, "catch_up_limit"),
         ({"cron": "0 * * * *", "args": [1]}, "args"),
@@ -274,6 +276,38 @@ async def test_scheduled_runs_obey_their_keys_policy_like_any_run(
     assert ("free", "succeeded", 1) in by_key
 
 
+def overlapping(sql: psycopg.Connection, name: str) -> int:
+    """How many pairs of the schedule's runs executed at the same time."""
+    row = sql.execute(
+        "WITH ran AS (SELECT e.run_id, e.started_at, e.finished_at FROM executions e"
+        " JOIN runs r ON r.id = e.run_id JOIN schedules s"
+        " ON r.idempotency_key LIKE 'schedule:' || s.id || ':%%' WHERE s.name = %s)"
+        " SELECT count(*) FROM ran a JOIN ran b ON a.run_id < b.run_id"
+        " AND a.started_at < b.finished_at AND b.started_at < a.finished_at",
+        [name],
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_overlap_skip_passes_over_ticks_while_the_last_run_has_yet_to_finish(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    for name, overlap in (("skipping", "skip"), ("allowing", "allow")):
+        steps = create_schedule(
+            "default", name, "sleep", interval_seconds=1, args={"seconds": 2.5}, overlap=overlap
+        )
+        app.execute(steps)
+    sql.execute("UPDATE schedules SET next_tick = now()")
+    async with running_worker(app, "manual>*:8", schedule_seconds=0.05):
+        await wait_until(lambda: len(runs_by_tick(sql, "skipping")) >= 3, 20)
+    skipping = app.execute(get_schedule("default", "skipping"))
+    assert skipping["overlap"] == "skip" and skipping["missed_ticks"] >= 4
+    assert overlapping(sql, "skipping") == 0
+    # The same task and timing, overlap allowed: its runs do run at the same time.
+    assert overlapping(sql, "allowing") > 0
+
+
 # -- admin API and CLI --------------------------------------------------------------
 
 
@@ -391,7 +425,9 @@ def test_schedules_are_managed_with_the_cli(app: Tidegate, settings: Settings) -
         assert result.exit_code != 0 and message in result.output, result.output
 
 
-FIELD = st.sampled_from(["*", "0", "5", "59", "*/7", "1-5", "1,3", "L", "MON#2", "31", "2", "FEB"])
+FIELD = st.sampled_from(
+    ["*", "0", "5", "7", "59", "*/7", "*/1000", "1-5", "1,3", "L", "LW", "MON#2", "31", "2", "FEB"]
+)
 
 
 @given(

@@ -208,6 +208,7 @@ class Tidegate:
         max_attempts: int | None = None,
         catch_up: str = schedules.DEFAULT_CATCH_UP,
         catch_up_limit: int = schedules.DEFAULT_CATCH_UP_LIMIT,
+        overlap: str = "allow",
     ) -> Callable[[F | Task], Task]:
         """Run a task on a schedule: ``@app.periodic("0 8 * * MON", timezone="Europe/Berlin")``
         (or ``every=30`` seconds) above ``@app.task(...)``, a plain function (made a task
@@ -217,7 +218,8 @@ class Tidegate:
         schedules of its tasks the code no longer declares); every tick makes exactly one
         run, however many workers run. ``name`` (default: the task's name) tells a task's
         schedules apart; options left ``None`` come from the task, as for ``enqueue``.
-        See ``tidegate.schedules`` for the timing, DST and the ``catch_up`` policies.
+        See ``tidegate.schedules`` for the timing, DST, and the ``catch_up`` and
+        ``overlap`` policies.
         """
         seconds = every.total_seconds() if isinstance(every, timedelta) else every
 
@@ -240,6 +242,7 @@ class Tidegate:
                     timezone=timezone,
                     catch_up=catch_up,
                     catch_up_limit=catch_up_limit,
+                    overlap=overlap,
                 )
             except InputError as error:
                 raise ConfigError(f"schedule {declared_name!r}: {error}") from None

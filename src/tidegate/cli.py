@@ -673,6 +673,12 @@ def schedules() -> None:
     help="After downtime: the newest missed tick, each one, or none.",
 )
 @_command_option("--catch-up-limit", type=click.IntRange(1, 10_000), default=100)
+@_command_option(
+    "--overlap",
+    type=click.Choice(["allow", "skip"]),
+    default="allow",
+    help="While its last run has yet to finish: make another, or skip the tick.",
+)
 @_command_option("--paused", is_flag=True, help="Create it paused.")
 @click.pass_context
 def schedules_create(

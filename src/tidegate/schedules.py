@@ -35,6 +35,10 @@ in between are due at once; the schedule's ``catch_up`` policy says what runs:
 Ticks passed over are counted in ``missed_ticks``. A paused schedule misses nothing:
 resumed, it starts again from its next tick after now.
 
+**Overlap.** ``overlap="allow"`` (the default) makes a tick's run even while the last one
+has yet to finish (a key policy's ``max_running`` can queue them); ``"skip"`` passes over
+a tick while the schedule's last run is scheduled, available, pending or running.
+
 **Runs.** A tick's run is enqueued as the worker's app would enqueue it (``NewRun``):
 ``lane``, ``key``, ``priority`` and ``max_attempts`` left ``None`` come from the task (its
 key function on the schedule's args, else the project), so scheduled runs go through the
@@ -45,12 +49,13 @@ error kept in ``last_error`` until a tick succeeds.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo, available_timezones
 
 from cronsim import CronSim, CronSimError
 from psycopg.rows import dict_row
@@ -68,6 +73,7 @@ from tidegate.projects import ConflictError, NotFoundError
 from tidegate.storage.sql import Statement, Steps
 
 CATCH_UP = ("once", "all", "skip")
+OVERLAP = ("allow", "skip")
 DEFAULT_CATCH_UP = "once"
 DEFAULT_CATCH_UP_LIMIT = 100
 MAX_CATCH_UP_LIMIT = 10_000
@@ -79,6 +85,8 @@ COUNT_LIMIT = 100_000
 """Missed cron ticks are counted up to this many per firing (a long outage of a
 per-second schedule would take a while to count)."""
 MAX_LISTED = 10_000
+NEVER = datetime(9999, 12, 31, tzinfo=UTC)
+"""The next tick of a cron that has none left."""
 ALIASES = {
     "@yearly": "0 0 1 1 *",
     "@annually": "0 0 1 1 *",
@@ -100,6 +108,7 @@ FIELDS = (
     "timezone",
     "catch_up",
     "catch_up_limit",
+    "overlap",
     "paused",
 )
 TIMING = ("cron", "interval_seconds", "timezone")
@@ -114,6 +123,7 @@ DEFAULTS: dict[str, Any] = {
     "timezone": "UTC",
     "catch_up": DEFAULT_CATCH_UP,
     "catch_up_limit": DEFAULT_CATCH_UP_LIMIT,
+    "overlap": "allow",
     "paused": False,
 }
 """A new schedule's fields where none is given: lane, key, priority and max_attempts
@@ -151,10 +161,7 @@ class Timing:
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.interval_seconds is None):
             raise ScheduleError("give either cron or interval_seconds (every), not both")
-        try:
-            check_text(self.timezone, "timezone", 64)
-            ZoneInfo(self.timezone)
-        except (InputError, ZoneInfoNotFoundError, ValueError):
+        if not isinstance(self.timezone, str) or self.timezone not in time_zones():
             raise ScheduleError(
                 f"timezone must be an IANA time zone name such as 'Europe/Berlin', "
                 f"got {self.timezone!r}"
@@ -169,6 +176,8 @@ class Timing:
                     f"seconds first, or @hourly/@daily/@weekly/@monthly/@yearly; "
                     f"{self.cron!r}: {error}"
                 ) from None
+            if self.first_tick(datetime.now(UTC)) == NEVER:
+                raise ScheduleError(f"cron {self.cron!r} never comes: no date matches it")
         else:
             _check({"interval_seconds": self.interval_seconds})
 
@@ -185,7 +194,8 @@ class Timing:
         """The first tick of a schedule made (or re-timed, or resumed) at ``now``."""
         if self.interval_seconds is not None:
             return now + timedelta(seconds=self.interval_seconds)
-        return next(iter(CronSim(self.expression, now.astimezone(self.zone)))).astimezone(UTC)
+        following = next(iter(CronSim(self.expression, now.astimezone(self.zone))), None)
+        return NEVER if following is None else following.astimezone(UTC)
 
     def plan(self, next_tick: datetime, now: datetime, catch_up: str, limit: int) -> Plan:
         """The ticks due from ``next_tick`` to ``now`` that ``catch_up`` runs, and the next."""
@@ -215,6 +225,12 @@ class Timing:
             if len(ticks) < take:
                 ticks.append(tick.astimezone(UTC))
         return ticks[::-1], count, self.first_tick(now)
+
+
+@functools.cache
+def time_zones() -> frozenset[str]:
+    """The IANA time zone names zoneinfo knows (read once)."""
+    return frozenset(available_timezones())
 
 
 def _check(fields: dict[str, Any]) -> dict[str, Any]:
@@ -248,6 +264,8 @@ def check_schedule(
         raise ScheduleError(
             f"catch_up must be one of {list(CATCH_UP)}, got {checked['catch_up']!r}"
         )
+    if checked["overlap"] not in OVERLAP:
+        raise ScheduleError(f"overlap must be one of {list(OVERLAP)}, got {checked['overlap']!r}")
     if not isinstance(checked["paused"], bool):
         raise ScheduleError(f"paused must be true or false, got {checked['paused']!r}")
     checked["timing"] = Timing(checked["cron"], checked["interval_seconds"], checked["timezone"])

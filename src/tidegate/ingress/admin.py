@@ -403,6 +403,9 @@ class ScheduleFields(BaseModel):
         None, description="after downtime: the newest missed tick (once), each (all), none"
     )
     catch_up_limit: int | None = Field(None, ge=1, le=MAX_CATCH_UP_LIMIT)
+    overlap: Literal["allow", "skip"] | None = Field(
+        None, description="while its last run has yet to finish: another run, or none"
+    )
     paused: bool | None = None
 
 

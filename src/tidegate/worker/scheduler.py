@@ -61,6 +61,16 @@ def fire_steps(app: Tidegate, tasks: Sequence[str]) -> Steps[int]:
     for schedule, plan in plans(due):
         if plan.missed:
             _log_missed(schedule, plan)
+        if schedule["overlap"] == "skip" and schedule["last_run_active"] and plan.ticks:
+            log.info(
+                "schedule %r of project %r: its last run has yet to finish, %d tick(s) "
+                "passed over (overlap=skip)",
+                schedule["name"],
+                schedule["project"],
+                len(plan.ticks),
+                extra={"schedule": schedule["name"], "project": schedule["project"]},
+            )
+            plan = Plan([], plan.missed + len(plan.ticks), plan.next_tick)
         try:
             rows += [app.resolve(_new_run(schedule, tick)) for tick in plan.ticks]
         except Exception as error:  # the task's key function, or a value it refused

@@ -23,12 +23,14 @@ CREATE TABLE schedules (
     -- (the newest), or 'skip' (none; a tick more than a minute late is missed).
     catch_up         text        NOT NULL DEFAULT 'once',
     catch_up_limit   integer     NOT NULL DEFAULT 100,
+    -- While its last run has not finished: 'allow' another run, or 'skip' the tick.
+    overlap          text        NOT NULL DEFAULT 'allow',
     declared         boolean     NOT NULL DEFAULT false,  -- by @app.periodic, in code
     paused           boolean     NOT NULL DEFAULT false,
     next_tick        timestamptz NOT NULL,
     last_tick        timestamptz,             -- the newest tick that made a run
     last_run_id      bigint,                  -- that run (it may have been pruned since)
-    missed_ticks     bigint      NOT NULL DEFAULT 0,  -- passed over by the catch-up policy
+    missed_ticks     bigint      NOT NULL DEFAULT 0,  -- passed over: catch-up or overlap
     last_error       text,                    -- why the last tick made no run, if it failed
     created_at       timestamptz NOT NULL DEFAULT now(),
     updated_at       timestamptz NOT NULL DEFAULT now(),
@@ -36,6 +38,7 @@ CREATE TABLE schedules (
     CONSTRAINT schedules_one_spec CHECK ((cron IS NULL) <> (interval_seconds IS NULL)),
     CONSTRAINT schedules_interval_range CHECK (interval_seconds BETWEEN 1 AND 315360000),
     CONSTRAINT schedules_catch_up_policy CHECK (catch_up IN ('all', 'once', 'skip')),
+    CONSTRAINT schedules_overlap_policy CHECK (overlap IN ('allow', 'skip')),
     CONSTRAINT schedules_catch_up_limit_range CHECK (catch_up_limit BETWEEN 1 AND 10000),
     CONSTRAINT schedules_priority_range CHECK (priority BETWEEN 0 AND 9),
     CONSTRAINT schedules_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 1000)

@@ -1,7 +1,7 @@
 -- Schedules (of a project, or of all), with their last run's state (runs_pkey; NULL
 -- once pruned), in project and name order.
 SELECT s.id, s.project, s.name, s.task, s.args, s.lane, s.key, s.priority, s.max_attempts,
-       s.cron, s.interval_seconds, s.timezone, s.catch_up, s.catch_up_limit, s.declared,
+       s.cron, s.interval_seconds, s.timezone, s.catch_up, s.catch_up_limit, s.overlap, s.declared,
        s.paused, s.next_tick, s.last_tick, s.last_run_id, r.state::text AS last_run_state,
        s.missed_ticks, s.last_error, s.created_at, s.updated_at
 FROM schedules s

@@ -3,11 +3,17 @@
 -- SKIP LOCKED: every worker runs this each second; a schedule another worker holds is
 -- its to fire. A row another worker moved on meanwhile is read again under the lock and
 -- no longer matches (next_tick > now()), so a tick is fired once.
+-- last_run_active: whether its last run has yet to finish (the overlap policy), read by
+-- primary key and not locked.
 -- now: the database's clock, the one next_tick is compared with.
-SELECT id, project, name, task, args, lane, key, priority, max_attempts, cron,
-       interval_seconds, timezone, catch_up, catch_up_limit, next_tick, now() AS now
-FROM schedules
-WHERE NOT paused AND next_tick <= now() AND task = ANY(%(tasks)s::text[])
-ORDER BY next_tick
+SELECT s.id, s.project, s.name, s.task, s.args, s.lane, s.key, s.priority, s.max_attempts,
+       s.cron, s.interval_seconds, s.timezone, s.catch_up, s.catch_up_limit, s.overlap,
+       s.next_tick, r.state IN ('scheduled', 'available', 'pending', 'running')
+                    IS TRUE AS last_run_active,
+       now() AS now
+FROM schedules s
+LEFT JOIN runs r ON r.id = s.last_run_id
+WHERE NOT s.paused AND s.next_tick <= now() AND s.task = ANY(%(tasks)s::text[])
+ORDER BY s.next_tick
 LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF s SKIP LOCKED

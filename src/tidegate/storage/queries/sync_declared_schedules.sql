@@ -8,7 +8,8 @@ WITH declared AS (
     SELECT * FROM jsonb_to_recordset(%(schedules)s::jsonb) AS (
         project text, name text, task text, args jsonb, lane text, key text,
         priority smallint, max_attempts smallint, cron text, interval_seconds float8,
-        timezone text, catch_up text, catch_up_limit integer, next_tick timestamptz
+        timezone text, catch_up text, catch_up_limit integer, overlap text,
+        next_tick timestamptz
     )
 ),
 gone AS (
@@ -20,9 +21,9 @@ gone AS (
 written AS (
     INSERT INTO schedules AS s (project, name, task, args, lane, key, priority, max_attempts,
                                 cron, interval_seconds, timezone, catch_up, catch_up_limit,
-                                declared, next_tick)
+                                overlap, declared, next_tick)
     SELECT project, name, task, args, lane, key, priority, max_attempts, cron,
-           interval_seconds, timezone, catch_up, catch_up_limit, true, next_tick
+           interval_seconds, timezone, catch_up, catch_up_limit, overlap, true, next_tick
     FROM declared
     ON CONFLICT ON CONSTRAINT schedules_name_unique DO UPDATE
     SET task = excluded.task, args = excluded.args, lane = excluded.lane,
@@ -30,6 +31,7 @@ written AS (
         max_attempts = excluded.max_attempts, cron = excluded.cron,
         interval_seconds = excluded.interval_seconds, timezone = excluded.timezone,
         catch_up = excluded.catch_up, catch_up_limit = excluded.catch_up_limit,
+        overlap = excluded.overlap,
         next_tick = CASE
             WHEN (s.cron, s.interval_seconds, s.timezone)
                  IS NOT DISTINCT FROM (excluded.cron, excluded.interval_seconds, excluded.timezone)
