@@ -354,6 +354,9 @@ async def test_schedules_are_managed_through_the_admin_api(
             {"timezone": "Nowhere/City"},
             {"interval_seconds": 0},
             {"catch_up": "maybe"},
+            {"catch_up_limit": None},
+            {"timezone": None},
+            {"task": None},
             {"args": "x"},
             {"nope": 1},
         ):

@@ -210,6 +210,10 @@ def domain_error(error: psycopg.Error) -> TidegateError:
     if constraint.startswith("projects_") and constraint.endswith("_range"):
         limit = constraint.removeprefix("projects_").removesuffix("_range")
         return AdminError(f"{limit} is out of range")
+    if error.sqlstate == "23502":  # not_null_violation: a value the checks let through
+        return AdminError(f"{getattr(error.diag, 'column_name', None) or 'a field'} must be given")
+    if error.sqlstate == "23514":  # check_violation of a constraint named nowhere above
+        return AdminError(f"a value is out of range ({constraint})")
     raise error
 
 

@@ -260,6 +260,8 @@ def check_schedule(
             check_text(checked["key"], "key")
     except InputError as error:
         raise ScheduleError(str(error)) from None
+    if checked["catch_up_limit"] is None:
+        raise ScheduleError("catch_up_limit must be a whole number from 1 to 10000, got None")
     if checked["catch_up"] not in CATCH_UP:
         raise ScheduleError(
             f"catch_up must be one of {list(CATCH_UP)}, got {checked['catch_up']!r}"
