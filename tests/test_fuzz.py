@@ -60,7 +60,11 @@ def seed(server: ApiServer) -> dict[str, Any]:
             json={"name": "nightly", "task": "echo", "cron": "30 2 * * *"},
         )
         assert schedule.status_code == 201, schedule.text
-        return {"token": project.json()["token"], "url": trigger.json()["url"]}
+        return {
+            "token": project.json()["token"],
+            "url": trigger.json()["url"],
+            "trigger_id": trigger.json()["id"],
+        }
 
 
 @pytest.mark.parametrize("caller", ["admin", "project"])
@@ -69,6 +73,11 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
 ) -> None:
     seeded = seed(server)
     token = ADMIN if caller == "admin" else {"Authorization": f"Bearer {seeded['token']}"}
+    real_rows: dict[str, dict[str, Any]] = {
+        "/admin/projects/{project_id}": {"project_id": "acme"},
+        "/admin/triggers/{trigger_id}": {"trigger_id": seeded["trigger_id"]},
+        "/admin/projects/{project_id}/schedules/{name}": {"project_id": "acme", "name": "nightly"},
+    }
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 12
@@ -77,9 +86,9 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
         @FUZZ
         @given(case=operation.as_strategy())
         def call(case: schemathesis.Case) -> None:
-            if case.method in ("GET", "PATCH") and case.path.endswith("/schedules/{name}"):
-                # Random names only meet 404s: aim the generated bodies at a real schedule.
-                case.path_parameters = {"project_id": "acme", "name": "nightly"}
+            if case.method in ("GET", "PATCH") and case.path in real_rows:
+                # Random ids and names only meet 404s: aim the bodies at the seeded rows.
+                case.path_parameters = real_rows[case.path]
             case.call_and_validate(
                 base_url=server.url,
                 headers=token,
