@@ -125,6 +125,36 @@ def register(app: Tidegate) -> None:
             raise ValueError(f"ledger refused invoice {invoice}: currency mismatch (EUR, USD)")
         return {"synced": invoice}
 
+    # Progress (test_progress.py): a webhook's body, or the args, say how many steps.
+
+    @app.task(name="report_progress")
+    async def report_progress(
+        steps: int = 3, gate: str | None = None, gate_at: int = 1, body: Any = None, **_: Any
+    ) -> dict[str, Any]:
+        """Report ``steps`` progress events; after event ``gate_at``, wait until the file
+        ``gate`` exists."""
+        if isinstance(body, dict):
+            steps, gate = int(body.get("steps", steps)), body.get("gate")
+            gate_at = int(body.get("gate_at", gate_at))
+        run = current_run()
+        for step in range(1, steps + 1):
+            run.progress({"step": step, "of": steps})
+            while gate and step == gate_at and not os.path.exists(gate):
+                await asyncio.sleep(0.02)
+        return {"steps": steps}
+
+    @app.task(name="report_progress_in_thread")
+    def report_progress_in_thread(steps: int = 3, size: int = 0, **_: Any) -> dict[str, Any]:
+        run = current_run()
+        for step in range(1, steps + 1):
+            run.progress({"step": step, "pad": "x" * size})
+        return {"steps": steps}
+
+    @app.task(name="report_bad_progress", max_attempts=1)
+    async def report_bad_progress(kind: str = "set", **_: Any) -> None:
+        data: Any = {1, 2} if kind == "set" else "x" * 70_000
+        current_run().progress(data)
+
     # Webhook-shaped handlers: a webhook run's args are {"body", "headers", "trigger"}.
 
     @app.task(name="hook_sleep")

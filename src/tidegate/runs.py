@@ -12,17 +12,21 @@ A run's life::
 from __future__ import annotations
 
 import contextvars
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from psycopg._cursor_base import BaseCursor
 from psycopg.rows import RowMaker
 
 from tidegate.errors import InputError
 from tidegate.limits import MAX_DELAY_SECONDS, check_json, check_number
+
+MAX_PROGRESS_BYTES = 65_536
+"""The largest progress event, as JSON."""
 
 
 class RunState(StrEnum):
@@ -73,6 +77,8 @@ class Run:
     """The claim order within a lane: ``vtime + priority * 64``."""
     probe: bool = False
     """Whether its last claim took it as a half-open circuit breaker's probe."""
+    watched: bool = False
+    """Whether a reader of its events waits for it to finish (migration 0016)."""
 
     @property
     def fields(self) -> dict[str, str | int]:
@@ -93,6 +99,39 @@ class Run:
         if self.state is RunState.PENDING:
             return f"no live worker has task {self.task!r} for lane {self.lane!r}"
         return None
+
+    def progress(self, data: Any) -> None:
+        """Report how far the handler has come: ``data`` (JSON, at most 64 KiB) becomes
+        an event of the run, streamed live to whoever reads its events (``GET
+        /runs/{id}/events``, a sync webhook's caller that asks for server-sent events).
+
+        Call it from the run's own handler. The worker writes a run's events in order,
+        before its outcome. From a sync handler (a thread) it waits while the run has
+        ``MAX_UNWRITTEN_EVENTS`` (100) events waiting to be written; from an async one it
+        returns at once, and past that bound the oldest unwritten event is dropped (an
+        async handler that must lose none awaits ``aprogress``). Data JSON cannot hold
+        raises ``InputError`` here, where the mistake is.
+        """
+        sink, text = self._progress_to(data)
+        sink.report(self, text)
+
+    async def aprogress(self, data: Any) -> None:
+        """``progress`` for async handlers: waits while the run has 100 events waiting to
+        be written, so that none is dropped."""
+        sink, text = self._progress_to(data)
+        await sink.areport(self, text)
+
+    def _progress_to(self, data: Any) -> tuple[ProgressSink, str]:
+        sink = _progress.get(None)
+        if sink is None or _current_run.get(None) is not self:
+            raise RuntimeError("progress is reported from inside the run's own handler")
+        check_json(data, "the progress data")
+        text = json.dumps(data)
+        if len(text) > MAX_PROGRESS_BYTES:
+            raise InputError(
+                f"the progress data is {len(text)} bytes of JSON, over {MAX_PROGRESS_BYTES}"
+            )
+        return sink, text
 
     def to_json(self) -> dict[str, Any]:
         """Return the run as JSON-ready data (timestamps in ISO 8601), with its reason."""
@@ -217,6 +256,17 @@ def _delay(seconds: Any, what: str) -> float:
 
 
 _current_run: contextvars.ContextVar[Run] = contextvars.ContextVar("tidegate_current_run")
+
+
+class ProgressSink(Protocol):
+    """Where ``Run.progress`` hands a run's events: the worker's completer."""
+
+    def report(self, run: Run, data: str) -> None: ...
+
+    async def areport(self, run: Run, data: str) -> None: ...
+
+
+_progress: contextvars.ContextVar[ProgressSink] = contextvars.ContextVar("tidegate_progress")
 
 
 def current_run() -> Run:

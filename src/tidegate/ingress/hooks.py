@@ -37,13 +37,14 @@ from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
 from tidegate.forward import breaker_key_of
+from tidegate.ingress import events
 from tidegate.ingress.guard import CLOSE
 from tidegate.ingress.ledger import LoggedRequest
 from tidegate.ingress.server import Ingress, database_problem, problem, problem_responses
 from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
-from tidegate.limits import check_text, parse_json
-from tidegate.runs import REPLY_KEY, Run, RunState, run_row
+from tidegate.limits import MAX_ID, check_text, parse_json
+from tidegate.runs import REPLY_KEY, Run, RunState
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
 
@@ -273,16 +274,30 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
             return problem(400, str(error))
         note.idempotency_key = idempotency_key
 
+    stream_after = None
+    if trigger.mode == "sync" and events.wants_events(request.headers.get("accept")):
+        try:
+            stream_after = events.last_event_id(request.headers.get("last-event-id"))
+        except InputError as error:
+            return problem(400, str(error))
+        if stream_after is None:  # it has seen the end: only the end again
+            stream_after = MAX_ID
+
     lane = FAST_LANE if trigger.mode == "sync" else "default"
     decision = await ingress.run(
         _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
     )
     note.outcome = decision["decision"]
     note.run_id = decision["run_id"]
-    return await _answer(ingress, trigger, decision)
+    return await _answer(ingress, trigger, decision, stream_after)
 
 
-async def _answer(ingress: Ingress, trigger: Trigger, decision: dict[str, Any]) -> Response:
+async def _answer(
+    ingress: Ingress, trigger: Trigger, decision: dict[str, Any], stream_after: int | None
+) -> Response:
+    """The answer to an admission's decision. A sync caller that asked for server-sent
+    events (``stream_after``: the last event it has seen) gets the run's progress as it
+    happens, then its reply as the ``result`` event."""
     verdict = decision["decision"]
     limits = _rate_limit_headers(decision)
     if verdict == "rate_limited":
@@ -338,6 +353,17 @@ async def _answer(ingress: Ingress, trigger: Trigger, decision: dict[str, Any]) 
             status_code=202,
             headers={**limits, **location},
         )
+    if stream_after is not None:
+        stream = events.run_events(
+            ingress,
+            run_id,
+            FAST_LANE,
+            stream_after,
+            _reply_event,
+            trigger.sync_timeout_seconds,
+            _pending_event,
+        )
+        return events.stream_response(stream, {**limits, **location})
     run = await _wait_for(
         ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"
     )
@@ -360,14 +386,43 @@ async def _wait_for(
     """Wait (LISTEN, never polling) until the run finishes or ``timeout`` passes."""
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + timeout
-    run = await ingress.run(_get_run(run_id)) if look_first else None
+    run = await ingress.run(events.get_run(run_id)) if look_first else None
     while run is None or not run.state.finished:
         remaining = deadline - loop_time()
         if remaining <= 0:
             break
         await ingress.completions.wait(run_id, remaining)
-        run = await ingress.run(_get_run(run_id))
+        run = await ingress.run(events.get_run(run_id))
     return run
+
+
+def _reply_event(run: Run) -> bytes:
+    """The last event of a sync caller's stream: what the plain answer would have been
+    (status, the reply's own header fields, body), as JSON."""
+    response = _reply(run, {})
+    content = bytes(response.body)
+    media = response.media_type or ""
+    body: Any
+    data: dict[str, Any] = {"run_id": run.id, "state": run.state, "status": response.status_code}
+    if media.endswith("json") and content:
+        body = json.loads(content)
+    else:
+        try:
+            body = content.decode()
+        except UnicodeDecodeError:
+            body, data["body_base64"] = base64.b64encode(content).decode(), True
+    framing = {"content-length", "content-type"}
+    data["headers"] = {k: v for k, v in response.headers.items() if k not in framing}
+    data["content_type"] = media or None
+    data["body"] = body
+    return events.sse("result", json.dumps(data), events.END_ID)
+
+
+def _pending_event(run: Run) -> bytes:
+    """The last event of a sync caller's stream when its run outlasts the trigger's sync
+    timeout: where to look for the run (it goes on)."""
+    data = {"run_id": run.id, "state": run.state, "status_url": f"/runs/{run.id}"}
+    return events.sse("pending", json.dumps(data), events.END_ID)
 
 
 def _reply(run: Run, headers: dict[str, str]) -> Response:
@@ -507,11 +562,6 @@ async def _trigger(ingress: Ingress, token: str) -> Trigger | None:
 def _find_trigger(token: str) -> Steps[Trigger | None]:
     rows = yield Statement("find_trigger", {"token": token}, dict_row)
     return Trigger(**rows[0]) if rows else None
-
-
-def _get_run(run_id: int) -> Steps[Run | None]:
-    rows = yield Statement("get_run", {"id": run_id}, run_row)
-    return rows[0] if rows else None
 
 
 def _admit(

@@ -13,13 +13,17 @@ one the API cannot show.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Security
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Request, Security
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from tidegate.errors import InputError
+from tidegate.ingress import events
 from tidegate.ingress.auth import BEARER, Caller, current_caller
+from tidegate.ingress.events import EVENT_STREAM
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
 from tidegate.runs import Run, RunState, run_row
@@ -71,6 +75,46 @@ async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
 async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """A run: state, lane, attempts, result, errors, timings."""
     return JSONResponse(_shown(await _visible(request, caller, run_id), caller))
+
+
+@router.get(
+    "/{run_id}/events",
+    response_class=Response,
+    responses={
+        200: {
+            "description": "server-sent events: `progress` (each with its id), then one "
+            "`result` (the run, as GET /runs/{id} shows it, id `end`) once it finishes",
+            "content": {EVENT_STREAM: {}},
+        },
+        204: {"description": "the client has seen the end already (Last-Event-ID: end)"},
+        **problem_responses(**{"400": "a Last-Event-ID this server did not send"}),
+        **NOT_FOUND,
+    },
+)
+async def stream_run_events(
+    run_id: RunIdPath,
+    request: Request,
+    caller: Authorized,
+    last_event_id: Annotated[str | None, Header(max_length=MAX_NAME_CHARS)] = None,
+) -> Response:
+    """A run's progress as it happens, then its end (server-sent events).
+
+    Reconnecting with ``Last-Event-ID`` resumes after that event, on any API process.
+    """
+    try:
+        after = events.last_event_id(last_event_id)
+    except InputError as error:
+        raise HTTPException(400, str(error)) from None
+    run = await _visible(request, caller, run_id)
+    if after is None:
+        return Response(status_code=204)
+
+    def end(finished: Run) -> bytes:
+        return events.sse("result", json.dumps(_shown(finished, caller)), events.END_ID)
+
+    ingress: Ingress = request.app.state.ingress
+    stream = events.run_events(ingress, run.id, run.lane, after, end)
+    return events.stream_response(stream, {})
 
 
 @router.get("", responses={200: {"description": "the newest runs, newest first"}})

@@ -41,7 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tidegate.app import Tidegate
 from tidegate.lanes import BUILTIN_LANES, WorkloopSpec, chain_admits
-from tidegate.runs import Run, RunState, run_row
+from tidegate.runs import Run, RunState, _progress, run_row
 from tidegate.settings import Settings
 from tidegate.storage.database import transient
 from tidegate.storage.migrate import check_schema
@@ -184,6 +184,7 @@ class Workloop(Service):
     async def execute(self, run: Run) -> None:
         worker = self.worker
         started = time.monotonic()
+        _progress.set(worker.completer)  # in this run's task's own context
         with span("execute", **run.fields) as executing:
             outcome = await execute(run, worker.tasks[run.task], worker.executor, worker.settings)
             label = outcome_label(outcome, recorded=True)

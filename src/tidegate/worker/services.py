@@ -32,6 +32,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from tidegate.runs import Run
 from tidegate.storage.database import transient
 from tidegate.storage.sql import query
 from tidegate.worker.execute import Outcome
@@ -42,6 +43,8 @@ BATCH_LIMIT = 5000
 """Rows the stager and the rescuer move per statement."""
 FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 30.0
+MAX_UNWRITTEN_EVENTS = 100
+"""Progress events of one run that may wait to be written; past that the oldest go."""
 STOP_AGAIN_SECONDS = 0.1
 """How long a stopping service has to end before it is cancelled again."""
 
@@ -151,43 +154,129 @@ class Completer(Service):
         """Set while ``pending`` is empty: every outcome added has been written."""
         self.settled.set()
         self.urgent: set[asyncio.Task[None]] = set()
+        self.events: dict[int, list[dict[str, Any]]] = {}
+        """Progress events not written yet, by run id, in the order reported."""
+        self.dropped: dict[int, int] = {}
+        """How many events were dropped unwritten, by run id, until its outcome."""
+        self.taken = asyncio.Event()
+        """Set when waiting events are taken for a write: there is room for more."""
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> asyncio.Task[None]:
+        self.loop = asyncio.get_running_loop()
+        return super().start()
 
     def add(self, outcome: Outcome, written: Callable[[bool], None]) -> None:
-        """Write ``outcome`` soon, then call ``written(recorded)``."""
+        """Write ``outcome`` soon, then call ``written(recorded)``.
+
+        The run's progress events reported before go first, in the same statement.
+        """
         self.pending[outcome.run_id] = written
         self.settled.clear()
+        dropped = self.dropped.pop(outcome.run_id, 0)
+        if dropped:
+            log.warning(
+                "run %d attempt %d reported progress faster than it could be written: "
+                "%d event(s) dropped unwritten, the oldest first",
+                outcome.run_id,
+                outcome.attempt,
+                dropped,
+            )
         if outcome.lane == "fast_lane":
-            task = asyncio.create_task(self.write([outcome]), name="tidegate.complete-fast")
+            events = self.events.pop(outcome.run_id, [])
+            write = self.write([outcome], events)
+            task = asyncio.create_task(write, name="tidegate.complete-fast")
             self.urgent.add(task)
             task.add_done_callback(self.urgent.discard)
         else:
             self.queue.append(outcome)
             self.ready.set()
 
+    def report(self, run: Run, data: str) -> None:
+        """Write a progress event of ``run`` soon (``Run.progress``; any thread).
+
+        Of a run's events waiting to be written, at most ``MAX_UNWRITTEN_EVENTS`` are
+        kept, so a handler reporting faster than the database writes cannot fill the
+        worker's memory: a thread waits for room, the event loop cannot, and drops the
+        oldest.
+        """
+        if self.loop is None:
+            raise RuntimeError("the worker is not running")
+        try:
+            on_loop = asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._report(run, data)
+        else:
+            asyncio.run_coroutine_threadsafe(self.areport(run, data), self.loop).result()
+
+    async def areport(self, run: Run, data: str) -> None:
+        """``report``, waiting for room rather than dropping (``Run.aprogress``)."""
+        while len(self.events.get(run.id, ())) >= MAX_UNWRITTEN_EVENTS and self.writing:
+            self.taken.clear()
+            await self.taken.wait()
+        self._report(run, data)
+
+    @property
+    def writing(self) -> bool:
+        """Whether the completer runs: once it has stopped, nothing would make room."""
+        return self.task is not None and not self.task.done()
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.taken.set()  # a handler waiting for room waits no more
+
+    def _report(self, run: Run, data: str) -> None:
+        events = self.events.setdefault(run.id, [])
+        if len(events) >= MAX_UNWRITTEN_EVENTS:
+            del events[0]
+            self.dropped[run.id] = self.dropped.get(run.id, 0) + 1
+        events.append({"run_id": run.id, "attempt": run.attempt, "data": data})
+        self.ready.set()
+
     async def run(self) -> None:
         while True:
             await self.ready.wait()
             self.ready.clear()
-            while self.queue:
-                batch, self.queue = self.queue, []
-                await self.write(batch)
+            while self.queue or self.events:
+                await self.write(*self._take())
 
-    async def write(self, batch: Sequence[Outcome]) -> None:
-        """Write a batch; call each outcome's callback once it is written or given up,
-        with whether it was recorded.
+    def _take(self) -> tuple[list[Outcome], list[dict[str, Any]]]:
+        """The outcomes and events waiting, taken for one write."""
+        batch, self.queue = self.queue, []
+        events = [event for run_events in self.events.values() for event in run_events]
+        self.events.clear()
+        self.taken.set()
+        return batch, events
+
+    async def write(self, batch: Sequence[Outcome], events: Sequence[dict[str, Any]] = ()) -> None:
+        """Write a batch and the progress events before it; call each outcome's callback
+        once it is written or given up, with whether it was recorded.
 
         A transient error (an outage) is retried until it passes. A batch the database
         refuses is written one outcome at a time, so one bad outcome cannot hold back the
         others; an outcome refused on its own is given up, logged at ERROR: its run stays
-        leased until its lease lapses, and the rescuer runs it again.
+        leased until its lease lapses, and the rescuer runs it again. Events refused are
+        dropped, logged at ERROR.
         """
         recorded: set[int] = set()
         try:
-            recorded = await self._write(batch)
+            recorded = await self._write(batch, events)
         except psycopg.Error as error:
-            if len(batch) > 1:
+            if len(batch) > 1 or (batch and events):
+                if events:
+                    await self.write([], events)
                 for outcome in batch:
                     await self.write([outcome])
+                return
+            if not batch:
+                log.error(
+                    "%d progress event(s) of run(s) %s could not be written, dropped: %s",
+                    len(events),
+                    ", ".join(sorted({str(event["run_id"]) for event in events})),
+                    describe(error),
+                )
                 return
             log.error(
                 "run %d: its outcome (%s) could not be written, the run is rescued when its "
@@ -225,9 +314,13 @@ class Completer(Service):
         except psycopg.Error as error:  # only a note: the log line above stands
             log.warning("could not note late outcomes in their runs: %s", describe(error))
 
-    async def _write(self, batch: Sequence[Outcome]) -> set[int]:
+    async def _write(self, batch: Sequence[Outcome], events: Sequence[dict[str, Any]]) -> set[int]:
         """Write a batch; return the ids of the runs whose outcomes were recorded."""
-        params = {**self.params, "outcomes": json.dumps([o.as_row() for o in batch])}
+        params = {
+            **self.params,
+            "outcomes": json.dumps([o.as_row() for o in batch]),
+            "events": json.dumps(events),
+        }
         failures = 0
         while True:
             try:
@@ -250,9 +343,8 @@ class Completer(Service):
     async def drain(self) -> None:
         """Wait until every outcome added has been written, then stop."""
         if self.task is None or self.task.done():  # not started, or ended by a bug
-            while self.queue:
-                batch, self.queue = self.queue, []
-                await self.write(batch)
+            while self.queue or self.events:
+                await self.write(*self._take())
         await self.settled.wait()
         await self.stop()
 

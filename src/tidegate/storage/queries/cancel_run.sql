@@ -1,7 +1,7 @@
 -- Cancel a run that has not finished. A running attempt is not interrupted; its
 -- completion then finds the run no longer running and writes nothing, so the cancel
--- is the run's final transition: a fast-lane run NOTIFYs its id here, for the sync
--- caller waiting on it, as a completion would.
+-- is the run's final transition: a fast-lane run, or a watched one, NOTIFYs its id here,
+-- for the caller waiting on it, as a completion would.
 WITH cancelled AS (
     UPDATE runs
     SET state = 'cancelled', completed_at = now(), lease_expires_at = NULL
@@ -10,6 +10,6 @@ WITH cancelled AS (
 ),
 notified AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
-    FROM cancelled WHERE lane = 'fast_lane'
+    FROM cancelled WHERE lane = 'fast_lane' OR watched
 )
 SELECT cancelled.* FROM cancelled, notified

@@ -6,9 +6,31 @@
 -- others in their runs' errors (note_late_outcomes.sql); rows without an id tell of
 -- circuit breakers that opened or closed. A retry goes back to
 -- 'scheduled' with its delay; the stager makes it available when due. Finished
--- fast-lane runs NOTIFY their id for a waiting caller.
+-- fast-lane runs, and runs whose events someone reads (watched), NOTIFY their id for a
+-- waiting caller.
+-- Progress events (run.progress) come first, in the same statement, written only while
+-- their attempt still holds the run on this worker; each run with new events NOTIFYs
+-- 'e' || its id. The outcomes' UPDATE reads the runs as they were before the statement,
+-- so a run's last events and its outcome are written together.
 -- The batch arrives as one JSON array of objects: one parameter, parsed in C.
-WITH outcome AS (
+WITH event AS (
+    SELECT e.run_id, e.attempt, e.data, e.n
+    FROM ROWS FROM (
+             jsonb_to_recordset(%(events)s::jsonb) AS (run_id bigint, attempt smallint, data text)
+         ) WITH ORDINALITY AS e(run_id, attempt, data, n)
+    JOIN runs ON runs.id = e.run_id
+             AND runs.attempt = e.attempt
+             AND runs.state = 'running'
+             AND runs.worker_id = %(worker_id)s
+),
+-- A data-modifying CTE runs to the end whatever reads it: the NOTIFYs ride on its
+-- RETURNING (one per run: PostgreSQL folds equal notifications of a transaction).
+reported AS (
+    INSERT INTO run_events (run_id, attempt, data)
+    SELECT run_id, attempt, data::jsonb FROM event ORDER BY n
+    RETURNING pg_notify(%(completed_channel)s, 'e' || run_id)
+),
+outcome AS (
     SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(
         id bigint, attempt smallint, state run_state, result text, error text,
         delay_seconds float8, max_attempts smallint, verdict text
@@ -32,11 +54,12 @@ done AS (
       AND runs.attempt = outcome.attempt
       AND runs.state = 'running'
       AND runs.worker_id = %(worker_id)s
-    RETURNING runs.id, runs.lane, runs.key, runs.state, runs.probe, outcome.verdict
+    RETURNING runs.id, runs.lane, runs.key, runs.state, runs.probe, runs.watched,
+              outcome.verdict
 ),
 notified AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
-    FROM done WHERE lane = 'fast_lane' AND state <> 'scheduled'
+    FROM done WHERE (lane = 'fast_lane' OR watched) AND state <> 'scheduled'
 ),
 -- A finished run frees its key's place: where limits are set, claimers of its lane on
 -- every worker look again (a key at max_running is gated, not idle).
@@ -68,6 +91,7 @@ breakers AS (
                lane, key, successes, failures, probe_successes, probe_failures) AS change
     FROM told
 )
-SELECT done.id, NULL AS lane, NULL AS key, NULL AS change FROM done, notified, freed
+SELECT done.id, NULL AS lane, NULL AS key, NULL AS change
+FROM done, notified, freed
 UNION ALL
 SELECT NULL, lane, key, change FROM breakers WHERE change IS NOT NULL

@@ -1,7 +1,8 @@
 -- Delete a small batch of runs finished longer ago than the retention period
--- (runs_finished), the webhook requests received as long ago (requests_received) and
--- the webhook log's other requests (request_log_received), the per-minute counts older
--- than the dashboard's hour, and the rows of workers silent for much longer than a lease.
+-- (runs_finished) with their progress events, the webhook requests received as long
+-- ago (requests_received) and the webhook log's other requests (request_log_received),
+-- the per-minute counts older than the dashboard's hour, and the rows of workers silent
+-- for much longer than a lease.
 -- One process at a time: whoever takes the transaction-scoped advisory lock prunes,
 -- the others find it taken and skip this round.
 WITH leader AS (
@@ -18,6 +19,9 @@ old AS (
 ),
 pruned AS (
     DELETE FROM runs USING old WHERE runs.id = old.id RETURNING runs.id
+),
+pruned_events AS (  -- runs at once, as every data-modifying CTE does
+    DELETE FROM run_events USING pruned WHERE run_events.run_id = pruned.id
 ),
 old_requests AS (
     SELECT id FROM requests

@@ -26,7 +26,7 @@ rescued AS (
         -- Back in line where claiming has got to, not behind its key's whole backlog.
         vtime = greatest(runs.vtime, coalesce(lane_frontier(runs.lane), runs.vtime))
     FROM expired WHERE runs.id = expired.id
-    RETURNING runs.id, runs.task, runs.lane, runs.state
+    RETURNING runs.id, runs.task, runs.lane, runs.state, runs.watched
 ),
 notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
@@ -34,7 +34,7 @@ notified AS (
 ),
 finished AS (
     SELECT count(pg_notify(%(completed_channel)s, id::text)) AS runs
-    FROM rescued WHERE lane = 'fast_lane' AND state = 'discarded'
+    FROM rescued WHERE (lane = 'fast_lane' OR watched) AND state = 'discarded'
 )
 -- What was rescued, by task and lane, for the rescuing worker's counters.
 SELECT rescued.task, rescued.lane, count(*) AS rescued
