@@ -16,12 +16,14 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
-from tests.http_fixtures import ApiServer, wait_for_workers
+from tests.http_fixtures import ADMIN, ApiServer, wait_for_workers
 from tidegate import Settings, Tidegate
 from tidegate.storage.embedded import start_embedded
+from tidegate.worker.link import RemoteLink
 from tidegate.worker.runtime import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -81,13 +83,16 @@ def sql(database_url: str, schema: str) -> Iterator[psycopg.Connection]:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(app: Tidegate, workloops: str, **options: object) -> AsyncIterator[Worker]:
-    """Run a worker in this process for the block, then stop it gracefully."""
-    worker = Worker(app, app.settings.replace(workloops=workloops, **options))
+async def running_worker(
+    app: Tidegate, workloops: str, link: RemoteLink | None = None, **options: object
+) -> AsyncIterator[Worker]:
+    """Run a worker in this process for the block, then stop it gracefully; with
+    ``link``, a remote one (``remote_link``)."""
+    worker = Worker(app, app.settings.replace(workloops=workloops, **options), link)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await asyncio.wait_for(worker.listener.listening.wait(), 10)
+        await asyncio.wait_for(worker.started.wait(), 10)
         yield worker
     finally:
         stop.set()
@@ -190,3 +195,21 @@ def start_worker_process(settings: Settings) -> Iterator[Callable[..., subproces
     for process in processes:
         if process.poll() is None:
             stop_worker(process)
+
+
+@pytest.fixture
+def remote_link(
+    start_api: Callable[..., ApiServer], settings: Settings
+) -> Callable[[], RemoteLink]:
+    """Make links of remote workers: an API server on the test's schema, a worker token
+    for every lane; each call makes a new link (one per worker)."""
+    server = start_api()
+    created = httpx.post(
+        server.url + "/admin/worker-tokens",
+        json={"name": "tests", "lanes": ["*"]},
+        headers=ADMIN,
+        timeout=10,
+    )
+    assert created.status_code == 201, created.text
+    token = created.json()["token"]
+    return lambda: RemoteLink(server.url, token, settings.poll_seconds)

@@ -124,6 +124,28 @@ async def test_runs_table_says_why_a_pending_run_waits(
     assert re.search(r"succeeded  1/\d+ +\S+ \S+$", by_id[done.id])
 
 
+def test_worker_tokens_are_created_listed_and_deleted(env: dict[str, str], app: Tidegate) -> None:
+    created = invoke(env, "worker-tokens", "create", "fleet", "--lanes", "emails, default")
+    assert created.exit_code == 0, created.output
+    token = json.loads(created.stdout)
+    assert token["token"].startswith("tgw_") and token["lanes"] == ["default", "emails"]
+    with app.database.connect() as conn:  # kept hashed, never in clear
+        stored = conn.execute("SELECT token_hash FROM worker_tokens").fetchone()
+    assert stored == (hash_token(token["token"]),)
+    for args, said in (
+        (("fleet", "--lanes", "*"), "a worker token with this name exists already"),
+        (("bad name", "--lanes", "*"), "worker token name must match"),
+        (("other", "--lanes", "no lane!"), "lane name must match"),
+    ):
+        refused = invoke(env, "worker-tokens", "create", *args)
+        assert refused.exit_code == 1 and said in refused.output, refused.output
+    listed = json.loads(invoke(env, "worker-tokens", "list").stdout)
+    assert [(t["name"], t["live_workers"]) for t in listed] == [("fleet", 0)]
+    assert invoke(env, "worker-tokens", "delete", "fleet").exit_code == 0
+    gone = invoke(env, "worker-tokens", "delete", "fleet")
+    assert gone.exit_code == 1 and "no worker token 'fleet'" in gone.output
+
+
 def test_command_options_also_read_their_environment_variable(env: dict[str, str]) -> None:
     invoke(env, "migrate")
     for i in range(3):
@@ -402,6 +424,7 @@ COMMANDS = [
     *[["triggers", name] for name in ("create", "update", "list")],
     *[["keys", name] for name in ("set", "clear", "list")],
     ["admin-token", "rotate"],
+    *[["worker-tokens", name] for name in ("create", "list", "delete")],
 ]
 
 

@@ -370,8 +370,13 @@ async def test_the_api_documents_its_security_and_serves_its_docs_offline(
 ) -> None:
     document = (await client.get("/openapi.json")).json()
     schemes = document["components"]["securitySchemes"]
-    assert [scheme["scheme"] for scheme in schemes.values()] == ["bearer"]
-    assert document["paths"]["/runs/{run_id}"]["get"]["security"]
+    # Bearer tokens: the admin's or a project's, and (the remote workers') worker tokens.
+    assert {name: scheme["scheme"] for name, scheme in schemes.items()} == {
+        "HTTPBearer": "bearer",
+        "worker token": "bearer",
+    }
+    assert document["paths"]["/runs/{run_id}"]["get"]["security"] == [{"HTTPBearer": []}]
+    assert document["paths"]["/workers"]["post"]["security"] == [{"worker token": []}]
     hook = document["paths"]["/hooks/{token}"]["post"]
     assert hook["requestBody"]["required"] is True
     assert {"400", "401", "404", "413", "415", "429", "503"} <= set(hook["responses"])

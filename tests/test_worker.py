@@ -1,13 +1,16 @@
 """The worker in this process: outcomes, retries, lanes, slot isolation, pruning.
 
-Every test runs a real worker (``running_worker``) against a real PostgreSQL and waits
-on conditions in the database, never on sleeps.
+Every test runs a real worker against a real PostgreSQL and waits on conditions in the
+database, never on sleeps; each runs twice, with a local worker and with a remote one
+(``tidegate worker --server-url``: through a real API server, no database of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -15,6 +18,26 @@ import pytest
 
 from tests.conftest import running_worker, wait_until
 from tidegate import NewRun, RunState, Tidegate, current_run
+from tidegate.worker.link import RemoteLink
+from tidegate.worker.runtime import Worker
+
+WorkerOf = Callable[..., contextlib.AbstractAsyncContextManager[Worker]]
+
+
+@pytest.fixture(params=["local", "remote"])
+def worker_of(request: pytest.FixtureRequest) -> WorkerOf:
+    """``worker_of(app, workloops, **options)``: a worker for the block, local, or remote
+    (a new link of ``remote_link`` per worker)."""
+    if request.param == "local":
+        return running_worker
+    make_link: Callable[[], RemoteLink] = request.getfixturevalue("remote_link")
+
+    def remote(
+        app: Tidegate, workloops: str, **options: Any
+    ) -> contextlib.AbstractAsyncContextManager[Worker]:
+        return running_worker(app, workloops, make_link(), **options)
+
+    return remote
 
 
 @pytest.fixture
@@ -62,11 +85,12 @@ def claim_order(sql: psycopg.Connection) -> list[int]:
 @pytest.mark.usefixtures("identity_tasks")
 async def test_async_and_sync_handlers_succeed_and_their_results_are_stored(
     app: Tidegate,
+    worker_of: WorkerOf,
 ) -> None:
     on_loop = app.enqueue("whoami_async", {"n": 1})
     in_thread = app.enqueue("whoami_sync", {"n": 2})
     nothing = app.enqueue("noop")
-    async with running_worker(app, "manual>*:2"):
+    async with worker_of(app, "manual>*:2"):
         await wait_until(lambda: finished(app, [on_loop.id, in_thread.id, nothing.id]), 10)
 
     for enqueued, n in ((on_loop, 1), (in_thread, 2)):
@@ -88,10 +112,11 @@ async def test_async_and_sync_handlers_succeed_and_their_results_are_stored(
 
 async def test_failing_handler_is_retried_after_a_backoff_and_can_recover(
     app: Tidegate,
+    worker_of: WorkerOf,
 ) -> None:
     run = app.enqueue("fail", {"until_attempt": 2})
     # A backoff of 0.5-1 s keeps the run visibly 'scheduled' between its attempts.
-    async with running_worker(app, "manual>*:1", backoff_base_seconds=1, backoff_max_seconds=1):
+    async with worker_of(app, "manual>*:1", backoff_base_seconds=1, backoff_max_seconds=1):
         await wait_until(lambda: state_of(app, run.id) is RunState.SCHEDULED, 10)
         waiting = app.get_run(run.id)
         assert waiting is not None
@@ -112,9 +137,10 @@ async def test_failing_handler_is_retried_after_a_backoff_and_can_recover(
 
 async def test_handler_failing_every_attempt_is_discarded_with_all_errors_kept(
     app: Tidegate,
+    worker_of: WorkerOf,
 ) -> None:
     run = app.enqueue("fail")  # max_attempts=3
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id]), 10)
 
     done = app.get_run(run.id)
@@ -130,9 +156,10 @@ async def test_handler_failing_every_attempt_is_discarded_with_all_errors_kept(
 
 async def test_retry_from_a_handler_reschedules_without_spending_an_attempt(
     app: Tidegate,
+    worker_of: WorkerOf,
 ) -> None:
     run = app.enqueue("retry_once", max_attempts=1)
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id]), 10)
 
     done = app.get_run(run.id)
@@ -144,9 +171,11 @@ async def test_retry_from_a_handler_reschedules_without_spending_an_attempt(
     assert done.errors == []
 
 
-async def test_cancel_from_a_handler_ends_the_run_cancelled(app: Tidegate) -> None:
+async def test_cancel_from_a_handler_ends_the_run_cancelled(
+    app: Tidegate, worker_of: WorkerOf
+) -> None:
     run = app.enqueue("cancel_me")
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id]), 10)
 
     done = app.get_run(run.id)
@@ -158,9 +187,10 @@ async def test_cancel_from_a_handler_ends_the_run_cancelled(app: Tidegate) -> No
 
 async def test_attempt_over_the_task_timeout_is_discarded_with_a_timeout_error(
     app: Tidegate,
+    worker_of: WorkerOf,
 ) -> None:
     run = app.enqueue("slow")  # timeout 0.2 s, max_attempts 1; sleeps 5 s
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id]), 5)
 
     done = app.get_run(run.id)
@@ -172,10 +202,10 @@ async def test_attempt_over_the_task_timeout_is_discarded_with_a_timeout_error(
     assert "0.2s" in done.errors[0]["error"]
 
 
-async def test_delayed_run_starts_only_once_it_is_due(app: Tidegate) -> None:
+async def test_delayed_run_starts_only_once_it_is_due(app: Tidegate, worker_of: WorkerOf) -> None:
     run = app.enqueue("echo", {"late": True}, delay=0.3)
     assert run.state is RunState.SCHEDULED
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id]), 10)
 
     done = app.get_run(run.id)
@@ -188,11 +218,11 @@ async def test_delayed_run_starts_only_once_it_is_due(app: Tidegate) -> None:
 
 
 async def test_filter_workloop_never_takes_runs_of_other_lanes(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     others = app.enqueue_many([NewRun("echo", {"i": i}) for i in range(3)])
     fast = app.enqueue_many([NewRun("echo", {"i": i}, lane="fast_lane") for i in range(2)])
-    async with running_worker(app, "fast_lane:1"):
+    async with worker_of(app, "fast_lane:1"):
         await wait_until(lambda: finished(app, [run.id for run in fast]), 10)
         # One more fast-lane run: the workloop has claimed again since the first two.
         later = app.enqueue("echo", lane="fast_lane")
@@ -206,25 +236,25 @@ async def test_filter_workloop_never_takes_runs_of_other_lanes(
 
 
 async def test_preference_workloop_takes_its_named_lane_before_older_runs(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     older = app.enqueue_many([NewRun("echo", {"i": i}, priority=0) for i in range(4)])
     # The manual runs are newer and of a worse priority: the chain position still wins.
     manual = app.enqueue_many(
         [NewRun("echo", {"i": i}, lane="manual", priority=9) for i in range(3)]
     )
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id for run in older + manual]), 10)
 
     assert claim_order(sql) == [run.id for run in manual + older]
 
 
 async def test_lower_priority_number_is_claimed_first_within_a_lane(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     priorities = [5, 0, 9, 3, 0, 7]
     runs = app.enqueue_many([NewRun("echo", priority=p) for p in priorities])
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id for run in runs]), 10)
 
     by_priority = sorted(runs, key=lambda run: (run.priority, run.id))
@@ -235,10 +265,10 @@ async def test_lower_priority_number_is_claimed_first_within_a_lane(
 
 
 async def test_fast_lane_slot_runs_at_once_while_every_other_slot_is_busy(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     app.enqueue_many([NewRun("async_sleep", {"seconds": 5}) for _ in range(5_000)])
-    async with running_worker(app, "fast_lane:1 manual>*:4", shutdown_grace_seconds=0.5) as worker:
+    async with worker_of(app, "fast_lane:1 manual>*:4", shutdown_grace_seconds=0.5) as worker:
         await wait_until(lambda: count(sql, "lane = 'default' AND state = 'running'") == 4, 10)
         fast = app.enqueue("echo", {"hello": "fast"}, lane="fast_lane")
         await wait_until(lambda: state_of(app, fast.id) is RunState.SUCCEEDED, 5)
@@ -261,14 +291,14 @@ async def test_fast_lane_slot_runs_at_once_while_every_other_slot_is_busy(
 
 
 async def test_workloop_never_runs_more_runs_than_its_slots(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     runs = app.enqueue_many([NewRun("sleep", {"seconds": 0.1}) for _ in range(50)])
     ids = [run.id for run in runs]
     seen_running: list[int] = []
     seen_in_process: list[int] = []
 
-    async with running_worker(app, "manual>*:3") as worker:
+    async with worker_of(app, "manual>*:3") as worker:
         (loop,) = worker.workloops
 
         def sample() -> bool:
@@ -287,7 +317,7 @@ async def test_workloop_never_runs_more_runs_than_its_slots(
 
 
 async def test_a_workloop_stops_claiming_while_its_slots_worth_of_outcomes_wait_unwritten(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     """A slot frees when its handler returns, before its outcome is written; but a
     workloop holds at most its slot count of unwritten outcomes, so a database that
@@ -295,7 +325,7 @@ async def test_a_workloop_stops_claiming_while_its_slots_worth_of_outcomes_wait_
     runs = app.enqueue_many([NewRun("async_sleep", {"seconds": 0.2}) for _ in range(12)])
     ids = [run.id for run in runs]
     blocker = app.database.connect(autocommit=False)
-    async with running_worker(app, "manual>*:2") as worker:
+    async with worker_of(app, "manual>*:2") as worker:
         try:
             await wait_until(lambda: count(sql, "state = 'running'") == 2, 10)
             # Hold the first two runs' rows: their outcomes cannot be written meanwhile.
@@ -303,12 +333,14 @@ async def test_a_workloop_stops_claiming_while_its_slots_worth_of_outcomes_wait_
             assert len(held.fetchall()) == 2
             # Their handlers return, two more runs are claimed into the freed slots and
             # finish too; then the workloop, with 2 outcomes unwritten, holds 4 runs
-            # whose outcomes wait, and claims nothing more.
+            # whose outcomes wait, and claims nothing more. A remote worker's slot frees
+            # only once its outcome is in: it stops at 2.
             (loop,) = worker.workloops
-            await wait_until(lambda: loop.unwritten == 4, 10)
+            waiting = 2 if worker.link.remote else 4
+            await wait_until(lambda: loop.unwritten == waiting, 10)
             await asyncio.sleep(1.0)
-            assert count(sql, "attempt > 0") == 4
-            assert loop.unwritten == 4 and loop.free == 0
+            assert count(sql, "attempt > 0") == waiting
+            assert loop.unwritten == waiting and loop.free == 0
         finally:
             blocker.rollback()  # the outcomes go through, and so do the other runs
             blocker.close()
@@ -333,6 +365,7 @@ def _max_overlap(sql: psycopg.Connection) -> int:
 async def test_pruner_deletes_finished_runs_and_keeps_unfinished_ones(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:
+    """Pruning is a local worker's duty (docs/workers.md): here with a local one."""
     succeeded = app.enqueue_many([NewRun("echo", {"i": i}) for i in range(5)])
     discarded = app.enqueue("fail", max_attempts=1)
     cancelled = app.enqueue("echo", delay=3600)

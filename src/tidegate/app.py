@@ -471,14 +471,21 @@ class Tidegate:
     def run_worker(self, workloops: str | None = None, **options: Any) -> None:
         """Run a worker in this process until SIGTERM or SIGINT (see ``tidegate.worker``).
 
+        With ``server_url`` and ``worker_token`` set, the worker is remote: it claims and
+        completes through that API, and needs no database (docs/workers.md).
+
         It runs on uvloop where that is installed (with uvicorn's ``standard`` extra, on
         Linux and macOS): less CPU per run than asyncio's own loop.
         """
+        from tidegate.worker.link import RemoteLink
         from tidegate.worker.runtime import Worker, event_loop_factory
 
         settings = self.settings.replace(workloops=workloops or self.settings.workloops, **options)
+        link = None
+        if settings.server_url and settings.worker_token:  # remote: through the API
+            link = RemoteLink(settings.server_url, settings.worker_token, settings.poll_seconds)
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
-            runner.run(Worker(self, settings).run_until_signalled())
+            runner.run(Worker(self, settings, link).run_until_signalled())
 
     def close(self) -> None:
         """Close this process's connections (the async pool closes with its loop)."""

@@ -188,6 +188,8 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 @main.command()
 @_option("--app", "app_spec", required=True, help="The app to run, as module:attribute.")
 @_option("--workloops", help="Slot groups, e.g. 'fast_lane:1 manual>*:4'.")
+@_option("--server-url", help="Remote mode: claim through this API, not the database.")
+@_option("--worker-token", help="Remote mode: the worker token (tgw_...) for --server-url.")
 @_option("--lease-seconds", type=float, help="How long a claim holds without a heartbeat.")
 @_option("--heartbeat-seconds", type=float, help="How often leases and the worker row renew.")
 @_option("--poll-seconds", type=float, help="Safety-net poll when no NOTIFY arrives.")
@@ -411,8 +413,9 @@ def _limits(function: FC) -> FC:
 
 
 def _admin(ctx: click.Context, steps: Any) -> Any:
+    from tidegate.errors import InputError
     from tidegate.policies import PolicyError
-    from tidegate.projects import AdminError, NotFoundError, domain_error
+    from tidegate.projects import NotFoundError, domain_error
     from tidegate.schedules import ScheduleError
 
     with _open(ctx) as app:
@@ -420,7 +423,7 @@ def _admin(ctx: click.Context, steps: Any) -> Any:
             return app.execute(steps)
         except psycopg.errors.IntegrityError as error:
             raise Failure(str(domain_error(error))) from None
-        except (AdminError, NotFoundError, PolicyError, ScheduleError) as error:
+        except (InputError, NotFoundError, PolicyError, ScheduleError) as error:
             raise Failure(str(error)) from None
 
 
@@ -545,6 +548,48 @@ def admin_token_rotate(ctx: click.Context, /, token: str | None) -> None:
     chosen = token or new_token("tga")
     _admin(ctx, set_admin_token(chosen))
     click.echo(chosen if token is None else "tidegate: the super admin token is replaced")
+
+
+@main.group("worker-tokens")
+def worker_tokens() -> None:
+    """Tokens of remote workers (docs/workers.md): each allows the lanes it names."""
+
+
+@worker_tokens.command("create")
+@click.argument("name")
+@_command_option(
+    "--lanes",
+    required=True,
+    help="Comma-separated lanes its workers may claim from; '*' for any lane.",
+)
+@click.pass_context
+def worker_tokens_create(ctx: click.Context, /, name: str, lanes: str) -> None:
+    """Create a worker token NAME; prints the token, shown only this once."""
+    from tidegate.remote import create_worker_token
+
+    chosen = [lane.strip() for lane in lanes.split(",") if lane.strip()]
+    _echo(_admin(ctx, create_worker_token(name, chosen)))
+
+
+@worker_tokens.command("list")
+@click.pass_context
+def worker_tokens_list(ctx: click.Context, /) -> None:
+    """List worker tokens, their lanes and live workers."""
+    from tidegate.remote import list_worker_tokens
+
+    settings = _settings(ctx)
+    _echo(_admin(ctx, list_worker_tokens(3 * settings.heartbeat_seconds)))
+
+
+@worker_tokens.command("delete")
+@click.argument("name")
+@click.pass_context
+def worker_tokens_delete(ctx: click.Context, /, name: str) -> None:
+    """Delete worker token NAME: its workers are refused from their next call on."""
+    from tidegate.remote import delete_worker_token
+
+    _admin(ctx, delete_worker_token(name))
+    click.echo(f"tidegate: worker token {name!r} deleted")
 
 
 @main.group()

@@ -200,10 +200,16 @@ def domain_error(error: psycopg.Error) -> TidegateError:
         "triggers_forward_timeout_range": "forward_timeout_seconds must be > 0 and <= 300",
         "triggers_breaker_key_range": "breaker_key must be 1 to 255 characters",
         "schedules_name_unique": "a schedule with this name exists already in this project",
+        "worker_tokens_pkey": "a worker token with this name exists already",
     }
     if constraint == "triggers_project_fkey":
         return NotFoundError(messages[constraint])
-    if constraint in ("projects_pkey", "triggers_name_unique", "schedules_name_unique"):
+    if constraint in (
+        "projects_pkey",
+        "triggers_name_unique",
+        "schedules_name_unique",
+        "worker_tokens_pkey",
+    ):
         return ConflictError(messages[constraint])
     if constraint in messages:
         return AdminError(messages[constraint])

@@ -133,6 +133,16 @@ class Run:
             )
         return sink, text
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Run:
+        """The run ``to_json`` gave (a remote worker's claim carries its runs so)."""
+        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
+        for name in _TIMES:
+            if values.get(name) is not None:
+                values[name] = datetime.fromisoformat(values[name])
+        values["state"] = RunState(values["state"])
+        return cls(**values)
+
     def to_json(self) -> dict[str, Any]:
         """Return the run as JSON-ready data (timestamps in ISO 8601), with its reason."""
         data = {
@@ -147,6 +157,7 @@ class Run:
 _RUN_FIELDS = tuple(f.name for f in fields(Run))
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
 _STATE = _RUN_FIELDS.index("state")
+_TIMES = ("scheduled_at", "inserted_at", "attempted_at", "completed_at", "lease_expires_at")
 
 
 def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:

@@ -83,6 +83,7 @@ COUNT_BOUNDS = {
 
 ENV_PREFIX = "TIDEGATE_"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_SERVER_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,12 @@ class Settings:
     pool_size: int = DEFAULT_POOL_SIZE
     admin_token: str | None = None
     """The super admin's token; ``None``: generated on first start, printed once."""
+    server_url: str | None = None
+    """A worker's API (``http://host:8000``): set, the worker is remote, and claims and
+    completes through the API with ``worker_token`` (docs/workers.md), never touching
+    the database."""
+    worker_token: str | None = None
+    """The worker token (``tgw_...``) a remote worker shows the API."""
     fast_lane_cap: int = DEFAULT_FAST_LANE_CAP
     """In-flight fast-lane runs per project, for projects that set no cap of their own."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -175,6 +182,18 @@ class Settings:
         if self.admin_token is not None:
             try:
                 check_token(self.admin_token, "admin_token")
+            except InputError as error:
+                raise ConfigError(str(error)) from None
+        if (self.server_url is None) != (self.worker_token is None):
+            raise ConfigError("a remote worker needs both server_url and worker_token")
+        if self.server_url is not None:
+            if not _SERVER_URL.fullmatch(self.server_url):
+                raise ConfigError(
+                    f"server_url must be an http(s) URL such as http://host:8000, "
+                    f"got {self.server_url[:100]!r}"
+                )
+            try:
+                check_token(self.worker_token, "worker_token")
             except InputError as error:
                 raise ConfigError(str(error)) from None
         if self.log_format not in LOG_FORMATS:

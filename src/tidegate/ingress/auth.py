@@ -7,6 +7,8 @@
   it once. ``tidegate admin-token rotate`` replaces it, and every running server honours
   the new one at the next request: the hash is read per request, never cached.
 - A project's token (returned when the project is created): the runs of that project.
+- A worker token (``tidegate worker-tokens create``): the ``/workers`` protocol of remote
+  workers, in the token's lanes only (``tidegate.remote``).
 
 ``authenticate`` runs in the ``Guard`` middleware, from the headers alone, before any
 body is read: a caller without a valid token costs one indexed lookup, never a body.
@@ -71,6 +73,27 @@ async def authenticate(ingress: Ingress, authorization: str | None, *, admin: bo
     return caller
 
 
+@dataclass(frozen=True)
+class WorkerCaller:
+    """A remote worker's fleet: the name of its worker token, and the lanes it allows."""
+
+    token: str
+    lanes: tuple[str, ...]
+
+
+async def authenticate_worker(ingress: Ingress, authorization: str | None) -> WorkerCaller:
+    """Return the worker token of ``authorization``, or raise ``Refused``."""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Refused(401, "missing bearer token")
+    rows = await ingress.run(_worker_token(hash_token(token)))
+    if not rows:
+        raise Refused(403, "unknown worker token")
+    name, lanes = rows[0]
+    return WorkerCaller(token=name, lanes=tuple(lanes))
+
+
 def current_caller(request: Request) -> Caller:
     """FastAPI dependency: the caller the ``Guard`` authenticated for this request."""
     caller: Caller = request.state.caller
@@ -105,3 +128,7 @@ def _first_admin_token(token_hash: str) -> Steps[bool]:
 
 def _caller(token_hash: str) -> Steps[list[tuple[str | None]]]:
     return (yield Statement("find_caller", {"token_hash": token_hash}))
+
+
+def _worker_token(token_hash: str) -> Steps[list[tuple[str, list[str]]]]:
+    return (yield Statement("find_worker_token", {"token_hash": token_hash}))

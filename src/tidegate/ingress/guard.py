@@ -7,9 +7,10 @@ body or matches a route:
   bounded in ``tidegate.ingress.protocol``);
 - a NUL character in the path or the query (``%00``): 400, PostgreSQL text cannot hold
   one, whatever parameter it would become;
-- ``/admin/*``, ``/runs*`` and ``/metrics`` (the admin's only, like ``/admin``): the
-  bearer token is checked from the headers alone, and a caller without a valid one gets
-  401/403 before a byte of its body is read, whatever body it announces; the caller goes
+- ``/admin/*``, ``/runs*`` and ``/metrics`` (the admin's only, like ``/admin``), and
+  ``/workers*`` (a worker token's, ``tidegate.remote``): the bearer token is checked
+  from the headers alone, and a caller without a valid one gets 401/403 before a byte
+  of its body is read, whatever body it announces; the caller goes
   to the routes as ``request.state.caller``. This runs outside FastAPI's exception
   handlers, so a database error while looking the token up is answered here, as a
   route's would be (503 when unreachable);
@@ -35,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidegate.ingress.auth import Refused, authenticate
+from tidegate.ingress.auth import Refused, authenticate, authenticate_worker
 from tidegate.ingress.server import database_problem, problem
 from tidegate.ui import session
 
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
     from tidegate.ingress.server import Ingress
 
 AUTHENTICATED = ("/admin", "/runs", "/metrics")
+WORKERS = "/workers"
+"""The remote workers' protocol: a worker token, not an admin's or a project's."""
 ADMIN_ONLY = ("/admin", "/metrics")
 CLOSE = {"Connection": "close"}
 
@@ -79,12 +82,15 @@ class Guard:
         with_body = bool(length.strip(b"0")) or b"chunked" in headers.get("transfer-encoding", b"")
         refusal = self._malformed(scope, length)
         answer: Response | None = None
-        if refusal is None and path.startswith(AUTHENTICATED):
+        if refusal is None and path.startswith((WORKERS, *AUTHENTICATED)):
             authorization = headers.get("authorization", b"").decode("latin-1")
             try:
-                caller = await authenticate(
-                    self.ingress, authorization, admin=path.startswith(ADMIN_ONLY)
-                )
+                if path.startswith(WORKERS):
+                    caller: object = await authenticate_worker(self.ingress, authorization)
+                else:
+                    caller = await authenticate(
+                        self.ingress, authorization, admin=path.startswith(ADMIN_ONLY)
+                    )
                 scope.setdefault("state", {})["caller"] = caller
             except Refused as refused:
                 challenge = {"WWW-Authenticate": "Bearer"} if refused.status == 401 else {}

@@ -134,7 +134,9 @@ class Ingress:
             open=False,
             name="tidegate-ingress",
         )
-        self.completions = Completions(self.app.database.aconnect, self.app.completed_channel)
+        self.completions = Completions(
+            self.app.database.aconnect, self.app.completed_channel, self.app.available_channel
+        )
         self.ledger = Ledger(self.pool, settings)
         self.triggers: dict[str, tuple[float, Trigger]] = {}
         """Triggers looked up lately, by token, with when each stops being used
@@ -160,7 +162,7 @@ class Ingress:
 
 def create_server(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for one API process."""
-    from tidegate.ingress import admin, hooks, metrics, runs_api
+    from tidegate.ingress import admin, hooks, metrics, runs_api, workers_api
     from tidegate.ingress.guard import Guard
     from tidegate.ui import install as install_dashboard
 
@@ -186,6 +188,8 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     server.include_router(hooks.router)
     server.include_router(runs_api.router)
     server.include_router(admin.router)
+    server.include_router(workers_api.router)
+    server.include_router(workers_api.admin_router)
     server.include_router(metrics.router)
     install_dashboard(server)
 

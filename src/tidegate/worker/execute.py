@@ -172,7 +172,7 @@ def backoff_seconds(attempt: int, settings: Settings) -> float:
 
 
 def _failed(
-    run: Run, task: Task, settings: Settings, message: str, exc: BaseException | None
+    run: Run, task: Task | None, settings: Settings, message: str, exc: BaseException | None
 ) -> Outcome:
     error, message = _error(run, message, exc)
     if run.attempt >= run.max_attempts:
@@ -213,8 +213,42 @@ def _downstream_failing(
     )
 
 
-def _backoff(run: Run, task: Task, settings: Settings) -> float:
-    return task.backoff(run.attempt) if task.backoff else backoff_seconds(run.attempt, settings)
+def _backoff(run: Run, task: Task | None, settings: Settings) -> float:
+    if task is not None and task.backoff:
+        return task.backoff(run.attempt)
+    return backoff_seconds(run.attempt, settings)
+
+
+def reported_outcome(run: Run, report: dict[str, Any], settings: Settings) -> Outcome:
+    """The outcome a remote worker reports for its attempt of ``run``, as ``execute``
+    would have made it of what a local handler did (ingress/workers_api.py):
+
+    - ``succeeded`` with ``result``: the handler returned it;
+    - ``failed`` with ``error``: it raised (backoff, or discarded after the last attempt);
+    - ``retry`` with ``delay_seconds``: ``Retry``; ``cancelled`` with ``reason``:
+      ``Cancel``; ``discarded`` with ``reason`` and ``details``: ``Discard``.
+
+    The report was validated at the boundary: its result and details are JSON.
+    """
+    state = report["state"]
+    if state == "succeeded":
+        result = report.get("result")
+        encoded = None if result is None else json.dumps(result)
+        return _finished(run, RunState.SUCCEEDED, result=encoded, verdict="success")
+    if state == "failed":
+        return _failed(run, None, settings, _storable(report["error"]), None)
+    if state == "retry":
+        return _finished(
+            run,
+            RunState.SCHEDULED,
+            delay_seconds=report["delay_seconds"],
+            max_attempts=run.max_attempts + 1,
+        )
+    if state == "cancelled":
+        error, message = _error(run, f"Cancel: {report['reason']}")
+        return _finished(run, RunState.CANCELLED, error=error, message=message)
+    error, message = _error(run, f"Discard: {report['reason']}", details=report.get("details"))
+    return _finished(run, RunState.DISCARDED, error=error, message=message)
 
 
 def _finished(

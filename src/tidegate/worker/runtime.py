@@ -36,28 +36,27 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import psycopg
-from psycopg_pool import AsyncConnectionPool
-
 from tidegate.app import Tidegate
+from tidegate.forward import FORWARD_TASK
 from tidegate.lanes import BUILTIN_LANES, WorkloopSpec, chain_admits
 from tidegate.runs import Run, RunState, _progress, run_row
 from tidegate.settings import Settings
-from tidegate.storage.database import transient
-from tidegate.storage.migrate import check_schema
 from tidegate.storage.sql import adrive, query
 from tidegate.tracing import span
 from tidegate.worker.counters import Counters, as_json, outcome_label
 from tidegate.worker.execute import Outcome, execute
+from tidegate.worker.link import DatabaseLink, RemoteLink
 from tidegate.worker.scheduler import FIRE_LIMIT, declare_steps, fire_steps
 from tidegate.worker.services import (
     BATCH_LIMIT,
+    LINK_ERRORS,
     Completer,
     Listener,
     Periodic,
     Service,
     describe,
     fetch,
+    passing,
     retry_delay,
 )
 
@@ -115,8 +114,14 @@ class Workloop(Service):
         """Slots free to claim into. A slot frees when its handler returns, except a
         fast-lane run's, which frees once its outcome is written (a sync caller waits
         for it, and the admission counts fast-lane slots from the database). So that a
-        slow database slows claiming, at most ``slots`` outcomes wait to be written."""
+        slow database slows claiming, at most ``slots`` outcomes wait to be written.
+
+        A remote worker's slot frees once its outcome is written: the API gives a
+        workloop no more runs than its slots, counting each run held until its outcome
+        is in (docs/workers.md)."""
         slots = self.spec.slots
+        if self.worker.link.remote:
+            return slots - self.unwritten - len(self.running)
         return min(slots, 2 * slots - self.unwritten) - len(self.running)
 
     def admits(self, lane: str) -> bool:
@@ -136,11 +141,11 @@ class Workloop(Service):
                 demand = self.free
                 try:
                     runs = await self.claim(demand)
-                except psycopg.Error as error:
+                except LINK_ERRORS as error:
                     failures += 1
                     delay = retry_delay(failures)
                     log.log(
-                        logging.WARNING if transient(error) else logging.ERROR,
+                        logging.WARNING if passing(error) else logging.ERROR,
                         "%s: claim failed (%d in a row), retrying in %.1fs: %s",
                         self.name,
                         failures,
@@ -169,10 +174,7 @@ class Workloop(Service):
 
     async def claim(self, demand: int) -> list[Run]:
         with span("claim", chain=">".join(self.spec.chain), demand=demand) as claiming:
-            async with self.worker.pool.connection() as conn:
-                cursor = conn.cursor(row_factory=run_row)
-                await cursor.execute(query("claim_runs"), {**self.claim_params, "demand": demand})
-                claimed = await cursor.fetchall()
+            claimed = await self.worker.link.claim({**self.claim_params, "demand": demand})
             claiming.note(runs=len(claimed))
         self.worker.counters.claimed(claimed)
         return claimed
@@ -260,14 +262,22 @@ def _log_parked(parked: list[Run]) -> None:
 class Worker:
     """One worker process: its workloops, its connections, its services."""
 
-    def __init__(self, app: Tidegate, settings: Settings | None = None) -> None:
+    def __init__(
+        self,
+        app: Tidegate,
+        settings: Settings | None = None,
+        link: DatabaseLink | RemoteLink | None = None,
+    ) -> None:
         self.app = app
         self.settings = settings or app.settings
         self.id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.stopping = asyncio.Event()
         """Set at shutdown: workloops stop claiming."""
         self.tasks = dict(app.tasks)
-        """The tasks this worker runs: its app's, as they were when it was made."""
+        """The tasks this worker runs: its app's, as they were when it was made (a remote
+        worker's without the built-in forwarding, which reads the database)."""
+        if isinstance(link, RemoteLink):
+            self.tasks.pop(FORWARD_TASK, None)
         self.live_seconds = 3 * self.settings.heartbeat_seconds
         """How recently a worker must have beaten to count as alive."""
         self.came_up_short = False
@@ -280,11 +290,10 @@ class Worker:
         ]
         slots = sum(spec.slots for spec in self.settings.parsed_workloops)
         self.executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="tidegate-run")
-        self.pool: AsyncConnectionPool = app.database.async_pool(
-            size=len(self.workloops) + 5, synchronous_commit=False
-        )
+        self.link = link or DatabaseLink(app, size=len(self.workloops) + 5)
+        """How it reaches its runs: PostgreSQL, or the API (remote mode)."""
         self.completer = Completer(
-            self.pool,
+            self.link,
             {
                 "worker_id": self.id,
                 "completed_channel": app.completed_channel,
@@ -298,11 +307,22 @@ class Worker:
             "lanes": sorted({lane for w in self.workloops for lane in w.spec.named_lanes}),
             "wildcard": any(w.spec.wildcard for w in self.workloops),
         }
-        self.listener = Listener(app.database.aconnect, [app.available_channel], self.wake)
-        self.services: list[Service] = [
-            self.completer,
-            self.listener,
-            Periodic("heartbeat", self.settings.heartbeat_seconds, self.beat),
+        self.heartbeat = Periodic("heartbeat", self.settings.heartbeat_seconds, self.beat)
+        self.started = asyncio.Event()
+        """Set once its workloops claim."""
+        self.services: list[Service] = [self.completer, self.heartbeat]
+        if isinstance(self.link, DatabaseLink):
+            self.pool = self.link.pool
+            self.services += self._database_services(channel, lease, routes)
+
+    def _database_services(
+        self, channel: dict[str, Any], lease: dict[str, Any], routes: dict[str, Any]
+    ) -> list[Service]:
+        """What a worker on PostgreSQL does beside its workloops; for a remote worker, the
+        API stages and rescues at its heartbeats (worker/link.py)."""
+        app = self.app
+        return [
+            Listener(app.database.aconnect, [app.available_channel], self.wake),
             Periodic(
                 "stager",
                 self.settings.stage_seconds,
@@ -375,16 +395,19 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Run until ``stop`` is set or a service fails; always shut down cleanly."""
-        await self.prepare_schema()
-        await self.pool.open(wait=True)
+        await self.link.open(self)
         tasks: list[asyncio.Task[None]] = []
         try:
             await self.beat()
-            async with self.pool.connection() as conn:
-                await adrive(conn, declare_steps(self.app, list(self.tasks)))
+            if isinstance(self.link, DatabaseLink):
+                async with self.pool.connection() as conn:
+                    await adrive(conn, declare_steps(self.app, list(self.tasks)))
             tasks = [service.start() for service in self.services]
-            await asyncio.wait_for(self.listener.listening.wait(), 10)
+            for service in self.services:
+                if isinstance(service, Listener):
+                    await asyncio.wait_for(service.listening.wait(), 10)
             tasks += [loop.start() for loop in self.workloops]
+            self.started.set()
             log.info(
                 "worker %s started: workloops %s; tasks %s",
                 self.id,
@@ -415,15 +438,6 @@ class Worker:
                 lane,
                 lane,
             )
-
-    async def prepare_schema(self) -> None:
-        """Refuse to start on a schema older or newer than this code."""
-
-        def prepare() -> None:
-            with self.app.database.connect() as conn:
-                check_schema(conn, self.settings.schema)
-
-        await asyncio.to_thread(prepare)
 
     async def shutdown(self) -> None:
         self.stopping.set()
@@ -464,29 +478,22 @@ class Worker:
         try:
             if handed_back:
                 log.info("worker %s: handing back %d runs", self.id, len(handed_back))
-                await fetch(
-                    self.pool,
-                    "release_runs",
-                    {
-                        "ids": handed_back,
-                        "worker_id": self.id,
-                        "channel": self.app.available_channel,
-                    },
-                )
             # A last beat writes what was counted since the previous one; once the row
             # is gone, the fold moves the counters into those of 'retired'.
             await self.beat()
-            await fetch(self.pool, "delete_worker", {"worker_id": self.id})
-            await self._fold()
-        except psycopg.Error as error:
+            await self.link.leave(self.id, handed_back, self.app.available_channel)
+            if isinstance(self.link, DatabaseLink):
+                await self._fold()
+        except LINK_ERRORS as error:
             log.warning(
-                "worker %s: database gone at shutdown, leases will expire, the attempts "
+                "worker %s: %s gone at shutdown, leases will expire, the attempts "
                 "finished since the last heartbeat go uncounted: %s",
                 self.id,
+                "the API" if self.link.remote else "database",
                 describe(error),
             )
         finally:
-            await self.pool.close()
+            await self.link.close()
             await self.app.aclose_pool()
             self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped", self.id)
@@ -509,9 +516,7 @@ class Worker:
         held += list(self.completer.pending)
         counted = self.counters.take()
         try:
-            await fetch(
-                self.pool,
-                "beat_worker",
+            await self.link.beat(
                 {
                     "worker_id": self.id,
                     "host": socket.gethostname(),
@@ -521,6 +526,7 @@ class Worker:
                     "run_ids": held,
                     "lease_seconds": self.settings.lease_seconds,
                     "counters": as_json(counted),
+                    "token": None,
                 },
             )
         except BaseException:  # not written: the next beat (or the stop) writes them

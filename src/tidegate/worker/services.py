@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg import sql
@@ -36,6 +36,9 @@ from tidegate.runs import Run
 from tidegate.storage.database import transient
 from tidegate.storage.sql import query
 from tidegate.worker.execute import Outcome
+
+if TYPE_CHECKING:
+    from tidegate.worker.link import Rows
 
 log = logging.getLogger("tidegate.worker")
 
@@ -49,15 +52,36 @@ STOP_AGAIN_SECONDS = 0.1
 """How long a stopping service has to end before it is cancelled again."""
 
 
+class LinkError(Exception):
+    """A call of a remote worker to the API failed (worker/link.py); ``transient`` when
+    the API could not be reached or could not serve it now, so a retry may pass."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+LINK_ERRORS = (psycopg.Error, LinkError)
+"""What a worker's calls to its runs (the database, or the API) may raise."""
+
+
+def passing(error: Exception) -> bool:
+    """Whether the failure may pass by itself: an outage, not a refusal."""
+    if isinstance(error, LinkError):
+        return error.transient
+    return isinstance(error, psycopg.Error) and transient(error)
+
+
 def retry_delay(failures: int, first: float = FIRST_RETRY_SECONDS) -> float:
     """Seconds to wait after ``failures`` failures in a row: doubling, capped."""
     return float(min(first * 2.0 ** (failures - 1), MAX_RETRY_SECONDS))
 
 
-def describe(error: psycopg.Error) -> str:
+def describe(error: Exception) -> str:
     """One line for a log: the SQLSTATE when there is one, then the message."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    return f"[{error.sqlstate}] {text}" if error.sqlstate else text
+    sqlstate = getattr(error, "sqlstate", None)
+    return f"[{sqlstate}] {text}" if sqlstate else text
 
 
 class Service:
@@ -104,11 +128,11 @@ class Periodic(Service):
         while True:
             try:
                 again = await self.tick()
-            except psycopg.Error as error:
+            except LINK_ERRORS as error:
                 failures += 1
                 delay = retry_delay(failures, self.interval)
                 log.log(
-                    logging.WARNING if transient(error) else logging.ERROR,
+                    logging.WARNING if passing(error) else logging.ERROR,
                     "%s failed (%d in a row), retrying in %.1fs: %s",
                     self.name,
                     failures,
@@ -129,6 +153,14 @@ async def fetch(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) ->
         return await cursor.fetchall() if cursor.description else []
 
 
+class Link(Protocol):
+    """What the completer needs of the worker's link (worker/link.py)."""
+
+    async def complete(self, params: dict[str, Any]) -> Rows: ...
+
+    async def note_late(self, params: dict[str, Any]) -> None: ...
+
+
 class Completer(Service):
     """Write outcomes in batches: whatever arrived while the last write ran goes next.
 
@@ -142,9 +174,9 @@ class Completer(Service):
 
     name = "completer"
 
-    def __init__(self, pool: AsyncConnectionPool, params: dict[str, Any]) -> None:
+    def __init__(self, link: Link, params: dict[str, Any]) -> None:
         super().__init__()
-        self.pool = pool
+        self.link = link
         self.params = params
         self.queue: list[Outcome] = []
         self.pending: dict[int, Callable[[bool], None]] = {}
@@ -263,7 +295,7 @@ class Completer(Service):
         recorded: set[int] = set()
         try:
             recorded = await self._write(batch, events)
-        except psycopg.Error as error:
+        except LINK_ERRORS as error:
             if len(batch) > 1 or (batch and events):
                 if events:
                     await self.write([], events)
@@ -310,8 +342,8 @@ class Completer(Service):
         rows = [{"id": o.run_id, "attempt": o.attempt, "state": o.state.value} for o in late]
         params = {"worker_id": self.params["worker_id"], "outcomes": json.dumps(rows)}
         try:
-            await fetch(self.pool, "note_late_outcomes", params)
-        except psycopg.Error as error:  # only a note: the log line above stands
+            await self.link.note_late(params)
+        except LINK_ERRORS as error:  # only a note: the log line above stands
             log.warning("could not note late outcomes in their runs: %s", describe(error))
 
     async def _write(self, batch: Sequence[Outcome], events: Sequence[dict[str, Any]]) -> set[int]:
@@ -324,9 +356,9 @@ class Completer(Service):
         failures = 0
         while True:
             try:
-                rows = await fetch(self.pool, "complete_runs", params)
-            except psycopg.Error as error:
-                if not transient(error):
+                rows = await self.link.complete(params)
+            except LINK_ERRORS as error:
+                if not passing(error):
                     raise
                 failures += 1
                 delay = retry_delay(failures)

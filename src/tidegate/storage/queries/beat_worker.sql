@@ -2,10 +2,13 @@
 -- cluster's capacity view and for claims of runs it could take, the leases of the
 -- runs it holds, extended, and the attempts it finished since its last heartbeat,
 -- added to its counters and to this minute's counts of the dashboard's charts: all in
--- the same round trip.
+-- the same round trip. A remote worker (token: its worker token's name) beats through
+-- the API (ingress/workers_api.py); what it holds and no longer has (cancelled, rescued)
+-- is what it sent and is not among the renewed.
 WITH beat AS (
-    INSERT INTO workers (id, host, pid, workloops, tasks)
-    VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb, %(tasks)s::text[])
+    INSERT INTO workers (id, host, pid, workloops, tasks, token)
+    VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb, %(tasks)s::text[],
+            %(token)s)
     ON CONFLICT (id) DO UPDATE
     SET workloops = excluded.workloops, tasks = excluded.tasks, heartbeat_at = now()
 ),
@@ -40,4 +43,4 @@ minutes AS (
     ON CONFLICT (minute, source, project, lane, outcome) DO UPDATE
     SET count = m.count + excluded.count
 )
-SELECT count(*) AS renewed FROM renewed
+SELECT coalesce(array_agg(id), '{}') AS renewed FROM renewed

@@ -11,3 +11,4 @@ SET errors = runs.errors || jsonb_build_array(jsonb_build_object(
         ' not recorded', late.attempt, late.state, %(worker_id)s::text)))
 FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS late(id bigint, attempt smallint, state text)
 WHERE runs.id = late.id
+RETURNING runs.id

@@ -1,0 +1,583 @@
+"""Remote workers: the claim protocol over HTTP (docs/workers.md), and their tokens.
+
+A remote worker talks to the API, never to PostgreSQL. The API does for it what a local
+worker does for itself, with the same statements, so every rule holds unchanged: it
+registers the worker's workloops and tasks in the workers table (admission counts its
+fast-lane slots like anyone's), claims with ``claim_runs`` along the registered chain
+(lane order, key limits, fairness, breakers, only the worker's tasks), renews leases
+with ``beat_worker``, and writes outcomes and progress with ``complete_runs``, whose
+guard (running, same attempt, same worker) means a worker completes only what it holds.
+
+- ``POST /workers``: register (workloops, tasks); each chain must stay within the
+  token's lanes.
+- ``POST /workers/{id}/claim``: runs for one workloop, at most its free slots (counted
+  here from the runs it holds: slots are never lent, whatever the client asks); a long
+  poll, answered as soon as runs are claimed or empty after ``wait_seconds``.
+- ``POST /workers/{id}/heartbeat``: renew the leases of the runs it names; the answer
+  says which it no longer holds (cancelled, or rescued). Each beat also stages due and
+  pending runs and rescues lapsed leases, as a local worker's services do.
+- ``POST /workers/{id}/runs/{run_id}/outcome`` and ``/progress``; ``POST
+  /workers/{id}/stop`` hands back what it could not finish and removes the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import Awaitable
+from typing import Annotated, Any, Literal
+
+import psycopg
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response, Security
+from fastapi.security import HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from tidegate.errors import ConfigError, InputError
+from tidegate.ingress.auth import BEARER, WorkerCaller
+from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
+from tidegate.lanes import parse_workloops
+from tidegate.limits import (
+    MAX_COUNT,
+    MAX_DELAY_SECONDS,
+    MAX_TEXT_CHARS,
+    LaneName,
+    RunId,
+    Text,
+    check_json,
+    parse_json,
+)
+from tidegate.projects import NotFoundError, domain_error
+from tidegate.remote import (
+    chain_allowed,
+    create_worker_token,
+    delete_worker_token,
+    list_worker_tokens,
+)
+from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, run_row
+from tidegate.storage.sql import Statement, Steps
+from tidegate.worker.execute import reported_outcome
+from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
+
+WORKER_BEARER = HTTPBearer(
+    auto_error=False, scheme_name="worker token", description="A worker token (tgw_...)."
+)
+router = APIRouter(
+    prefix="/workers",
+    tags=["workers"],
+    dependencies=[Security(WORKER_BEARER)],
+    responses=AUTH_RESPONSES,
+)
+admin_router = APIRouter(
+    prefix="/admin/worker-tokens",
+    tags=["admin"],
+    dependencies=[Security(BEARER)],
+    responses=AUTH_RESPONSES,
+)
+MAX_WAIT_SECONDS = 60.0
+MAX_JSON_TEXT = 16 * 1024 * 1024
+"""The longest result or error, as JSON text, in a batch of outcomes."""
+MAX_DEMAND = 1000
+NOT_YOURS = problem_responses(**{"404": "no such worker of this token (or no such run)"})
+NOT_HELD = problem_responses(
+    **{"409": "the worker does not hold this attempt (cancelled, rescued, or finished)"}
+)
+WorkerId = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+RunIdPath = Annotated[int, Path(ge=1, le=2**63 - 1)]
+Attempt = Annotated[int, Field(ge=1, le=32767)]
+
+
+def worker_caller(request: Request) -> WorkerCaller:
+    """FastAPI dependency: the worker token the ``Guard`` authenticated."""
+    caller = request.state.caller
+    if not isinstance(caller, WorkerCaller):  # not reachable through the Guard
+        raise HTTPException(403, "a worker token is required")
+    return caller
+
+
+Fleet = Annotated[WorkerCaller, Depends(worker_caller)]
+
+
+class Registration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workloops: str = Field(min_length=1, max_length=1000, examples=["fast_lane:1 manual>*:4"])
+    tasks: list[Text] = Field(min_length=1, max_length=1000)
+    """The tasks it has: it is given runs of these only."""
+    host: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT_CHARS)
+    """What to show for it in the workers lists (the client's address by default)."""
+
+
+class Claim(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    workloop: int = Field(ge=0, le=63)
+    """The index of the workloop, in the registered spec."""
+    demand: int = Field(ge=1, le=MAX_DEMAND)
+    """How many runs it would take; the API gives at most the workloop's free slots."""
+    wait_seconds: float = Field(default=30.0, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
+
+
+class Counted(BaseModel):
+    """Attempts a worker finished since its last beat, by task, lane and outcome (the
+    metrics' ``tidegate_attempts`` and durations; worker/counters.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: Text
+    lane: LaneName
+    outcome: Literal[
+        "claimed",
+        "succeeded",
+        "failed",
+        "retry_requested",
+        "discarded",
+        "cancelled",
+        "late",
+        "rescued",
+    ]
+    attempts: int = Field(ge=0, le=MAX_COUNT)
+    seconds: float = Field(ge=0, le=1e12, allow_inf_nan=False)
+    buckets: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(max_length=64)
+
+
+class Heartbeat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_ids: list[RunId] = Field(default_factory=list, max_length=10_000)
+    """The runs it holds: their leases are renewed. A run it does not name lapses."""
+    counters: list[Counted] = Field(default_factory=list, max_length=10_000)
+
+
+class OutcomeRow(BaseModel):
+    """An attempt's outcome as the worker made it (``complete_runs``' row): what the
+    Python worker sends, its handler's result and error already JSON text."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: RunId
+    attempt: Attempt
+    state: Literal["scheduled", "succeeded", "discarded", "cancelled"]
+    result: str | None = Field(default=None, max_length=MAX_JSON_TEXT)
+    error: str | None = Field(default=None, max_length=MAX_JSON_TEXT)
+    delay_seconds: float = Field(default=0.0, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+    max_attempts: int = Field(ge=1, le=32767)
+    verdict: Literal["success", "failure"] | None = None
+
+
+class EventRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: RunId
+    attempt: Attempt
+    data: str = Field(max_length=MAX_PROGRESS_BYTES)
+    """JSON text."""
+
+
+class Completion(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    outcomes: list[OutcomeRow] = Field(default_factory=list, max_length=10_000)
+    events: list[EventRow] = Field(default_factory=list, max_length=10_000)
+
+
+class Succeeded(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: Literal["succeeded"]
+    attempt: Attempt
+    result: Any = None
+
+
+class Failed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: Literal["failed"]
+    attempt: Attempt
+    error: str = Field(min_length=1, max_length=2000)
+
+
+class RetryLater(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: Literal["retry"]
+    attempt: Attempt
+    delay_seconds: float = Field(default=0.0, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+
+
+class Cancelled(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: Literal["cancelled"]
+    attempt: Attempt
+    reason: str = Field(default="cancelled by its handler", min_length=1, max_length=2000)
+
+
+class Discarded(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    state: Literal["discarded"]
+    attempt: Attempt
+    reason: str = Field(default="discarded by its handler", min_length=1, max_length=2000)
+    details: Any = None
+
+
+Report = Annotated[
+    Succeeded | Failed | RetryLater | Cancelled | Discarded, Field(discriminator="state")
+]
+
+
+class Progress(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    attempt: Attempt
+    data: Any
+
+
+class Stop(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    hand_back: list[RunId] = Field(default_factory=list, max_length=10_000)
+    """Runs it holds and did not finish: available again, the attempt not counted."""
+
+
+class NewWorkerToken(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    lanes: list[LaneName | Literal["*"]] = Field(min_length=1, max_length=64)
+
+
+# -- the protocol -----------------------------------------------------------------------
+
+
+@router.post(
+    "", status_code=201, responses=problem_responses(**{"422": "a chain outside the token's lanes"})
+)
+async def register(body: Registration, request: Request, fleet: Fleet) -> dict[str, Any]:
+    """Register a worker: its workloops and tasks. Its id names it in every other call."""
+    ingress: Ingress = request.app.state.ingress
+    try:
+        specs = parse_workloops(body.workloops)
+    except ConfigError as error:
+        raise HTTPException(422, str(error)) from None
+    for spec in specs:
+        refusal = chain_allowed(fleet.lanes, spec.chain)
+        if refusal:
+            raise HTTPException(422, refusal)
+    worker_id = f"remote:{fleet.token}:{secrets.token_hex(6)}"
+    workloops = [{"chain": list(s.chain), "slots": s.slots, "busy": 0} for s in specs]
+    client = request.client.host if request.client else "?"
+    beat = _beat(ingress, worker_id, workloops, sorted(set(body.tasks)), fleet, [])
+    beat["host"] = body.host or client
+    await ingress.run(_renewed(beat))
+    settings = ingress.settings
+    return {
+        "worker_id": worker_id,
+        "lease_seconds": settings.lease_seconds,
+        "heartbeat_seconds": settings.heartbeat_seconds,
+        "workloops": workloops,
+    }
+
+
+@router.post("/{worker_id}/claim", responses=NOT_YOURS)
+async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet) -> dict[str, Any]:
+    """Claim runs for one workloop along its chain: answered as soon as any are claimed,
+    or with none after ``wait_seconds`` (a long poll)."""
+    ingress: Ingress = request.app.state.ingress
+    workloops, tasks = await _own(ingress, fleet, worker_id)
+    if body.workloop >= len(workloops):
+        raise HTTPException(422, f"the worker has {len(workloops)} workloop(s)")
+    loop = workloops[body.workloop]
+    chain = tuple(loop["chain"])
+    settings = ingress.settings
+    params = {
+        "lanes": [lane for lane in chain if lane != "*"],
+        "wildcard": "*" in chain,
+        "worker_id": worker_id,
+        "workloop": body.workloop,
+        "lease_seconds": settings.lease_seconds,
+        "scan_limit": CLAIM_SCAN_LIMIT,
+        "head_scan": CLAIM_HEAD_SCAN,
+        "tasks": tasks,
+        "live_seconds": 3 * settings.heartbeat_seconds,
+    }
+    clock = asyncio.get_running_loop().time
+    deadline = clock() + body.wait_seconds
+    async with ingress.completions.claiming(chain) as ready:
+        while True:
+            ready.clear()
+            held = await ingress.run(_count_held(worker_id, body.workloop))
+            demand = min(body.demand, loop["slots"] - held)
+            if demand <= 0:
+                return {"runs": []}
+            claimed = await ingress.run(_claim({**params, "demand": demand}))
+            if claimed or clock() >= deadline or await request.is_disconnected():
+                return {"runs": [run.to_json() for run in claimed]}
+            try:
+                await asyncio.wait_for(ready.wait(), deadline - clock())
+            except TimeoutError:
+                return {"runs": []}
+
+
+@router.post("/{worker_id}/heartbeat", responses=NOT_YOURS)
+async def heartbeat(
+    worker_id: WorkerId, body: Heartbeat, request: Request, fleet: Fleet
+) -> dict[str, Any]:
+    """Say the worker is alive and renew the leases of the runs it names; ``lost`` are
+    those it no longer holds (cancelled meanwhile, or rescued after a lapse)."""
+    ingress: Ingress = request.app.state.ingress
+    workloops, tasks = await _own(ingress, fleet, worker_id)
+    beat = _beat(ingress, worker_id, workloops, tasks, fleet, body.run_ids)
+    beat["counters"] = json.dumps([counted.model_dump() for counted in body.counters])
+    renewed = set(await ingress.run(_renewed(beat)))
+    await _maintain(ingress, workloops, tasks)
+    return {"renewed": sorted(renewed), "lost": sorted(set(body.run_ids) - renewed)}
+
+
+@router.post("/{worker_id}/runs/{run_id}/outcome", responses={**NOT_YOURS, **NOT_HELD})
+async def outcome(
+    worker_id: WorkerId, run_id: RunIdPath, body: Report, request: Request, fleet: Fleet
+) -> dict[str, Any]:
+    """Report how the attempt ended: ``succeeded`` (``result``), ``failed`` (``error``:
+    retried with backoff, or discarded after the last attempt), ``retry``
+    (``delay_seconds``, the attempt given back), ``cancelled`` or ``discarded``."""
+    ingress: Ingress = request.app.state.ingress
+    await _own(ingress, fleet, worker_id)
+    run = await _held(ingress, worker_id, run_id, body.attempt)
+    report = body.model_dump()
+    for name in ("result", "details"):
+        try:
+            check_json(report.get(name), f"the {name}", ingress.settings.max_json_depth)
+        except InputError as error:
+            raise HTTPException(422, str(error)) from None
+    reported = reported_outcome(run, report, ingress.settings)
+    recorded, _ = await _write(ingress, worker_id, [reported.as_row()], [])
+    if run_id not in recorded:
+        raise HTTPException(409, f"run {run_id}: attempt {body.attempt} is not this worker's")
+    return {"run_id": run_id, "state": reported.state}
+
+
+@router.post("/{worker_id}/complete", responses=NOT_YOURS)
+async def complete(
+    worker_id: WorkerId, body: Completion, request: Request, fleet: Fleet
+) -> dict[str, Any]:
+    """Write a batch of outcomes and progress events as the worker made them (the Python
+    worker's form of ``outcome`` and ``progress``). ``recorded``: the outcomes written;
+    the others came after their runs had left the worker, and are noted in their runs'
+    errors. ``breakers``: circuit breakers the outcomes opened or closed."""
+    ingress: Ingress = request.app.state.ingress
+    await _own(ingress, fleet, worker_id)
+    depth = ingress.settings.max_json_depth
+    for row in body.outcomes:
+        for name in ("result", "error"):
+            text = getattr(row, name)
+            try:
+                if text is not None:
+                    parse_json(text, f"run {row.id}'s {name}", depth)
+            except InputError as error:
+                raise HTTPException(422, str(error)) from None
+    for event in body.events:
+        try:
+            parse_json(event.data, f"run {event.run_id}'s progress data")
+        except InputError as error:
+            raise HTTPException(422, str(error)) from None
+    outcomes = [row.model_dump(exclude_none=True) for row in body.outcomes]
+    events = [event.model_dump() for event in body.events]
+    recorded, breakers = await _write(ingress, worker_id, outcomes, events)
+    return {"recorded": sorted(recorded), "breakers": breakers}
+
+
+@router.post(
+    "/{worker_id}/runs/{run_id}/progress", status_code=204, responses={**NOT_YOURS, **NOT_HELD}
+)
+async def progress(
+    worker_id: WorkerId, run_id: RunIdPath, body: Progress, request: Request, fleet: Fleet
+) -> Response:
+    """Report a progress event of the attempt (as ``run.progress`` does in Python)."""
+    ingress: Ingress = request.app.state.ingress
+    await _own(ingress, fleet, worker_id)
+    await _held(ingress, worker_id, run_id, body.attempt)
+    try:
+        check_json(body.data, "the progress data")
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
+    data = json.dumps(body.data)
+    if len(data) > MAX_PROGRESS_BYTES:
+        raise HTTPException(422, f"the progress data is over {MAX_PROGRESS_BYTES} bytes of JSON")
+    event = {"run_id": run_id, "attempt": body.attempt, "data": data}
+    await _write(ingress, worker_id, [], [event])
+    return Response(status_code=204)
+
+
+@router.post("/{worker_id}/stop", responses=NOT_YOURS)
+async def stop(worker_id: WorkerId, body: Stop, request: Request, fleet: Fleet) -> dict[str, int]:
+    """A worker going away: hand back the runs it names, then remove it (its slots stop
+    counting at once). Runs it holds and does not name are rescued when their leases
+    lapse."""
+    ingress: Ingress = request.app.state.ingress
+    await _own(ingress, fleet, worker_id)
+    released = await ingress.run(_stop(ingress, worker_id, body.hand_back))
+    return {"handed_back": released}
+
+
+# -- worker tokens (the super admin's) --------------------------------------------------
+
+
+@admin_router.post("", status_code=201, responses=problem_responses(**{"409": "name taken"}))
+async def create_token(body: NewWorkerToken, request: Request) -> dict[str, Any]:
+    """Create a worker token for the lanes named (``*``: any); shown only this once."""
+    ingress: Ingress = request.app.state.ingress
+    created: dict[str, Any] = await _admin(ingress.run(create_worker_token(body.name, body.lanes)))
+    return created
+
+
+@admin_router.get("")
+async def list_tokens(request: Request) -> list[dict[str, Any]]:
+    """The worker tokens: lanes, and how many live workers use each."""
+    ingress: Ingress = request.app.state.ingress
+    live = 3 * ingress.settings.heartbeat_seconds
+    return await ingress.run(list_worker_tokens(live))
+
+
+@admin_router.delete("/{name}", status_code=204, responses=problem_responses(**{"404": "none"}))
+async def delete_token(
+    name: Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], request: Request
+) -> Response:
+    """Delete a worker token: its workers are refused from the next call on."""
+    ingress: Ingress = request.app.state.ingress
+    await _admin(ingress.run(delete_worker_token(name)))
+    return Response(status_code=204)
+
+
+async def _admin(call: Awaitable[Any]) -> Any:
+    try:
+        return await call
+    except NotFoundError as error:
+        raise HTTPException(404, str(error)) from None
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
+    except psycopg.errors.IntegrityError as error:
+        raise HTTPException(409, str(domain_error(error))) from None
+
+
+# -- steps ------------------------------------------------------------------------------
+
+
+async def _own(
+    ingress: Ingress, fleet: WorkerCaller, worker_id: str
+) -> tuple[list[Any], list[str]]:
+    """The worker's workloops and tasks; 404 unless it registered with this token."""
+    rows = await ingress.run(_find(worker_id, fleet.token))
+    if not rows:
+        raise HTTPException(404, f"no worker {worker_id!r} of this token (register again)")
+    workloops, tasks = rows[0]
+    return workloops, tasks
+
+
+async def _held(ingress: Ingress, worker_id: str, run_id: int, attempt: int) -> Run:
+    """The run, if this worker holds this attempt of it; else 404 or 409."""
+    rows = await ingress.run(_get_run(run_id))
+    if not rows:
+        raise HTTPException(404, f"no run {run_id}")
+    run: Run = rows[0]
+    if not (
+        run.state is RunState.RUNNING and run.worker_id == worker_id and run.attempt == attempt
+    ):
+        raise HTTPException(409, f"run {run_id}: attempt {attempt} is not this worker's")
+    return run
+
+
+def _beat(
+    ingress: Ingress,
+    worker_id: str,
+    workloops: list[Any],
+    tasks: list[str],
+    fleet: WorkerCaller,
+    run_ids: list[int],
+) -> dict[str, Any]:
+    return {
+        "worker_id": worker_id,
+        "host": "",
+        "pid": 0,
+        "workloops": json.dumps(workloops),
+        "tasks": tasks,
+        "run_ids": run_ids,
+        "lease_seconds": ingress.settings.lease_seconds,
+        "counters": "[]",
+        "token": fleet.token,
+    }
+
+
+async def _maintain(ingress: Ingress, workloops: list[Any], tasks: list[str]) -> None:
+    """What a local worker's stager and rescuer do, done at a remote worker's beat: due
+    runs and pending runs of its tasks made available, lapsed leases rescued."""
+    channel = ingress.app.available_channel
+    chains = [loop["chain"] for loop in workloops]
+    staging = {
+        "channel": channel,
+        "tasks": tasks,
+        "lanes": sorted({lane for chain in chains for lane in chain if lane != "*"}),
+        "wildcard": any("*" in chain for chain in chains),
+        "limit": 5000,
+    }
+    rescuing = {"channel": channel, "completed_channel": ingress.app.completed_channel}
+    await ingress.run(_statement("stage_runs", staging))
+    await ingress.run(_statement("rescue_runs", {**rescuing, "limit": 5000}))
+
+
+async def _write(
+    ingress: Ingress, worker_id: str, outcomes: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> tuple[set[int], list[dict[str, str]]]:
+    """Write outcomes and events with ``complete_runs``, as the worker's own completer
+    would; note in their runs the outcomes that came too late. Return the ids recorded
+    and the breaker changes."""
+    params = {
+        "worker_id": worker_id,
+        "completed_channel": ingress.app.completed_channel,
+        "channel": ingress.app.available_channel,
+        "outcomes": json.dumps(outcomes),
+        "events": json.dumps(events),
+    }
+    rows = await ingress.run(_complete(params))
+    recorded = {row[0] for row in rows if row[0] is not None}
+    breakers = [
+        {"lane": lane, "key": key, "change": change}
+        for _, lane, key, change in rows
+        if change is not None
+    ]
+    late = [
+        {"id": o["id"], "attempt": o["attempt"], "state": o["state"]}
+        for o in outcomes
+        if o["id"] not in recorded
+    ]
+    if late:
+        params = {"worker_id": worker_id, "outcomes": json.dumps(late)}
+        await ingress.run(_statement("note_late_outcomes", params))
+    return recorded, breakers
+
+
+def _find(worker_id: str, token: str) -> Steps[list[Any]]:
+    return (yield Statement("find_remote_worker", {"worker_id": worker_id, "token": token}))
+
+
+def _count_held(worker_id: str, workloop: int) -> Steps[int]:
+    rows = yield Statement("count_held_runs", {"worker_id": worker_id, "workloop": workloop})
+    return int(rows[0][0])
+
+
+def _claim(params: dict[str, Any]) -> Steps[list[Run]]:
+    runs = yield Statement("claim_runs", params, run_row)
+    return [run for run in runs if run.state is RunState.RUNNING]
+
+
+def _renewed(params: dict[str, Any]) -> Steps[list[int]]:
+    rows = yield Statement("beat_worker", params)
+    return list(rows[0][0])
+
+
+def _get_run(run_id: int) -> Steps[list[Run]]:
+    return (yield Statement("get_run", {"id": run_id}, run_row))
+
+
+def _complete(params: dict[str, Any]) -> Steps[list[Any]]:
+    return (yield Statement("complete_runs", params))
+
+
+def _stop(ingress: Ingress, worker_id: str, ids: list[int]) -> Steps[int]:
+    params = {"ids": ids, "worker_id": worker_id, "channel": ingress.app.available_channel}
+    rows = yield Statement("release_runs", params)
+    yield Statement("delete_worker", {"worker_id": worker_id})
+    return int(rows[0][0])
+
+
+def _statement(name: str, params: dict[str, Any]) -> Steps[None]:
+    yield Statement(name, params)

@@ -1,0 +1,154 @@
+"""How a worker reaches its runs: PostgreSQL itself, or the API over HTTP.
+
+A worker's workloops, completer and heartbeat are the same in both modes; only these
+few calls differ. ``DatabaseLink`` runs the statements on the worker's own pool.
+``RemoteLink`` (``tidegate worker --server-url URL --worker-token T``) asks the API to
+run the same statements on its behalf (docs/workers.md): the worker needs no database
+connection, and the API keeps every rule (lanes, key limits, fairness, breakers). In
+remote mode the API also does what the local worker's stager and rescuer would, at each
+heartbeat; schedules, pruning and counter folding are left to local workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from psycopg_pool import AsyncConnectionPool
+
+from tidegate.runs import Run, run_row
+from tidegate.storage.migrate import check_schema
+from tidegate.storage.sql import query
+from tidegate.worker.services import LinkError, fetch
+
+if TYPE_CHECKING:
+    from tidegate.app import Tidegate
+    from tidegate.worker.runtime import Worker
+
+Rows = list[tuple[Any, ...]]
+
+REQUEST_SECONDS = 30.0
+"""How long a call to the API may take, beyond a claim's own long poll."""
+
+
+class DatabaseLink:
+    """A worker on PostgreSQL: its own pool, the statements run there."""
+
+    remote = False
+
+    def __init__(self, app: Tidegate, size: int) -> None:
+        self.app = app
+        self.pool: AsyncConnectionPool = app.database.async_pool(
+            size=size, synchronous_commit=False
+        )
+
+    async def open(self, worker: Worker) -> None:
+        """Refuse a schema older or newer than this code; open the pool."""
+
+        def prepare() -> None:
+            with self.app.database.connect() as conn:
+                check_schema(conn, worker.settings.schema)
+
+        await asyncio.to_thread(prepare)
+        await self.pool.open(wait=True)
+
+    async def claim(self, params: dict[str, Any]) -> list[Run]:
+        async with self.pool.connection() as conn:
+            cursor = conn.cursor(row_factory=run_row)
+            await cursor.execute(query("claim_runs"), params)
+            return await cursor.fetchall()
+
+    async def complete(self, params: dict[str, Any]) -> Rows:
+        return await fetch(self.pool, "complete_runs", params)
+
+    async def note_late(self, params: dict[str, Any]) -> None:
+        await fetch(self.pool, "note_late_outcomes", params)
+
+    async def beat(self, params: dict[str, Any]) -> None:
+        await fetch(self.pool, "beat_worker", params)
+
+    async def leave(self, worker_id: str, handed_back: list[int], channel: str) -> None:
+        """Hand back the runs it will not finish, and remove the worker's row."""
+        if handed_back:
+            params = {"ids": handed_back, "worker_id": worker_id, "channel": channel}
+            await fetch(self.pool, "release_runs", params)
+        await fetch(self.pool, "delete_worker", {"worker_id": worker_id})
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+
+class RemoteLink:
+    """A worker on the API: the remote worker protocol, over HTTP (docs/workers.md)."""
+
+    remote = True
+
+    def __init__(self, server_url: str, token: str, poll_seconds: float) -> None:
+        self.client = httpx.AsyncClient(
+            base_url=server_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=REQUEST_SECONDS + poll_seconds,
+        )
+        self.poll_seconds = poll_seconds
+        self.path = ""
+
+    async def open(self, worker: Worker) -> None:
+        """Register; the API names the worker, and says how often it must beat."""
+        body = {
+            "workloops": worker.settings.workloops,
+            "tasks": sorted(worker.tasks),
+            "host": worker.id,
+        }
+        registered = await self._post("/workers", body)
+        worker.id = registered["worker_id"]
+        self.path = f"/workers/{registered['worker_id']}"
+        worker.heartbeat.interval = min(
+            worker.heartbeat.interval, float(registered["heartbeat_seconds"])
+        )
+
+    async def claim(self, params: dict[str, Any]) -> list[Run]:
+        """A long poll: answered once runs are claimed, or empty after ``poll_seconds``."""
+        body = {
+            "workloop": params["workloop"],
+            "demand": params["demand"],
+            "wait_seconds": self.poll_seconds,
+        }
+        answer = await self._post(f"{self.path}/claim", body)
+        return [Run.from_json(run) for run in answer["runs"]]
+
+    async def complete(self, params: dict[str, Any]) -> Rows:
+        """The rows ``complete_runs`` returns: recorded ids, then breaker changes."""
+        body = {"outcomes": json.loads(params["outcomes"]), "events": json.loads(params["events"])}
+        answer = await self._post(f"{self.path}/complete", body)
+        rows: Rows = [(run_id, None, None, None) for run_id in answer["recorded"]]
+        rows += [(None, b["lane"], b["key"], b["change"]) for b in answer["breakers"]]
+        return rows
+
+    async def note_late(self, params: dict[str, Any]) -> None:
+        """Nothing to do: the API notes late outcomes in their runs as it refuses them."""
+
+    async def beat(self, params: dict[str, Any]) -> None:
+        body = {"run_ids": params["run_ids"], "counters": json.loads(params["counters"])}
+        await self._post(f"{self.path}/heartbeat", body)
+
+    async def leave(self, worker_id: str, handed_back: list[int], channel: str) -> None:
+        await self._post(f"{self.path}/stop", {"hand_back": handed_back})
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST ``body``; the answer's JSON, or ``LinkError`` (transient: the API is
+        unreachable, overloaded or restarting; else it refused the call)."""
+        try:
+            response = await self.client.post(path, json=body)
+        except httpx.TransportError as error:
+            raise LinkError(f"{path}: {error!r}", transient=True) from None
+        if response.status_code >= 400:
+            transient = response.status_code in (408, 429) or response.status_code >= 500
+            raise LinkError(
+                f"{path}: {response.status_code} {response.text[:200]}", transient=transient
+            )
+        return response.json() if response.content else None

@@ -1,0 +1,409 @@
+"""Remote workers: the claim protocol over HTTP, through a real ``tidegate serve``.
+
+The test plays the worker with httpx (what any language would send), and runs the
+JavaScript worker of ``examples/`` under Node where Node is installed. No worker here
+touches PostgreSQL; the test reads the tables to check what the API did for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import ROOT, wait_until
+from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
+from tidegate import NewRun, Tidegate
+
+
+@pytest.fixture
+async def client(api: ApiServer) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+        yield client
+
+
+async def worker_token(client: httpx.AsyncClient, name: str, lanes: list[str]) -> dict[str, str]:
+    created = await client.post(
+        "/admin/worker-tokens", json={"name": name, "lanes": lanes}, headers=ADMIN
+    )
+    assert created.status_code == 201, created.text
+    assert created.json()["token"].startswith("tgw_")
+    return {"Authorization": f"Bearer {created.json()['token']}"}
+
+
+class RemoteWorker:
+    """A worker speaking the protocol, as the test's own client."""
+
+    def __init__(self, client: httpx.AsyncClient, token: dict[str, str], worker_id: str) -> None:
+        self.client, self.token, self.id = client, token, worker_id
+
+    @classmethod
+    async def register(
+        cls, client: httpx.AsyncClient, token: dict[str, str], workloops: str, tasks: list[str]
+    ) -> RemoteWorker:
+        response = await client.post(
+            "/workers", json={"workloops": workloops, "tasks": tasks}, headers=token
+        )
+        assert response.status_code == 201, response.text
+        return cls(client, token, response.json()["worker_id"])
+
+    async def post(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.client.post(f"/workers/{self.id}{path}", json=body, headers=self.token)
+
+    async def claim(self, demand: int, workloop: int = 0, wait: float = 0) -> list[dict[str, Any]]:
+        body = {"workloop": workloop, "demand": demand, "wait_seconds": wait}
+        response = await self.post("/claim", body)
+        assert response.status_code == 200, response.text
+        runs: list[dict[str, Any]] = response.json()["runs"]
+        return runs
+
+    async def succeed(self, run: dict[str, Any], result: Any = None) -> httpx.Response:
+        body = {"state": "succeeded", "attempt": run["attempt"], "result": result}
+        return await self.post(f"/runs/{run['id']}/outcome", body)
+
+
+def state_of(sql: psycopg.Connection, run_id: int) -> tuple[str, int]:
+    row = sql.execute("SELECT state::text, attempt FROM runs WHERE id = %s", [run_id]).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+async def test_a_worker_claims_its_workloops_free_slots_only_and_completes_what_it_holds(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    token = await worker_token(client, "fleet", ["default"])
+    worker = await RemoteWorker.register(client, token, "default:2", ["echo"])
+    other = await RemoteWorker.register(client, token, "default:2", ["echo"])
+    runs = [await app.aenqueue("echo", {"n": n}) for n in range(5)]
+    foreign = await app.aenqueue("noop")  # a task the workers do not have
+
+    first = await worker.claim(10)
+    assert len(first) == 2  # its workloop's slots, whatever it asks
+    assert {run["task"] for run in first} == {"echo"}
+    assert await worker.claim(5) == []  # no slot lent, none free: answered at once
+    # Another worker cannot complete what this one holds; nor can a stale attempt.
+    stolen = await other.succeed(first[0])
+    assert_problem(stolen, 409)
+    stale = await worker.post(
+        f"/runs/{first[0]['id']}/outcome", {"state": "succeeded", "attempt": 9}
+    )
+    assert_problem(stale, 409)
+    done = await worker.succeed(first[0], {"ok": first[0]["args"]["n"]})
+    assert done.status_code == 200 and done.json()["state"] == "succeeded"
+    assert sql.execute("SELECT result FROM runs WHERE id = %s", [first[0]["id"]]).fetchone() == (
+        {"ok": first[0]["args"]["n"]},
+    )
+    again = await worker.succeed(first[0])
+    assert_problem(again, 409)  # finished: no second outcome
+    assert len(await worker.claim(5)) == 1  # one slot freed
+    assert {run["id"] for run in first} <= {run.id for run in runs}
+    assert state_of(sql, foreign.id)[0] == "available"
+
+    # A failure is retried with backoff, as a local handler's exception would be.
+    third = (await other.claim(1))[0]
+    failed = await other.post(
+        f"/runs/{third['id']}/outcome", {"state": "failed", "attempt": 1, "error": "boom"}
+    )
+    assert failed.json()["state"] == "scheduled"
+    errors = sql.execute("SELECT errors FROM runs WHERE id = %s", [third["id"]]).fetchone()
+    assert errors is not None and errors[0][0]["error"] == "boom"
+
+
+async def test_a_token_scopes_the_lanes_its_workers_may_claim_from(
+    client: httpx.AsyncClient,
+) -> None:
+    token = await worker_token(client, "emails", ["emails", "default"])
+    for workloops in ("fast_lane:1", "emails>*:2", "emails:1 manual:1"):
+        refused = await client.post(
+            "/workers", json={"workloops": workloops, "tasks": ["echo"]}, headers=token
+        )
+        assert_problem(refused, 422)
+    for bad in ({"workloops": "x:0", "tasks": ["echo"]}, {"workloops": "emails:1", "tasks": []}):
+        assert_problem(await client.post("/workers", json=bad, headers=token), 422)
+    worker = await RemoteWorker.register(client, token, "emails>default:2", ["echo"])
+    # Another token's worker id is not found; an admin's or a project's token is refused.
+    other = await worker_token(client, "other", ["*"])
+    assert_problem(
+        await client.post(
+            f"/workers/{worker.id}/claim", json={"workloop": 0, "demand": 1}, headers=other
+        ),
+        404,
+    )
+    assert_problem(
+        await client.post(
+            "/workers", json={"workloops": "emails:1", "tasks": ["x"]}, headers=ADMIN
+        ),
+        403,
+    )
+    assert_problem(await client.post("/workers", json={}), 401)
+    # A deleted token's workers are refused from the next call on.
+    assert (await client.delete("/admin/worker-tokens/emails", headers=ADMIN)).status_code == 204
+    assert_problem(await worker.post("/heartbeat", {"run_ids": []}), 403)
+    listed = await client.get("/admin/worker-tokens", headers=ADMIN)
+    assert [t["name"] for t in listed.json()] == ["other"]
+    taken = await client.post(
+        "/admin/worker-tokens", json={"name": "other", "lanes": ["*"]}, headers=ADMIN
+    )
+    assert_problem(taken, 409)
+
+
+async def test_a_long_poll_is_answered_as_soon_as_a_run_comes(
+    app: Tidegate, client: httpx.AsyncClient
+) -> None:
+    token = await worker_token(client, "fleet", ["*"])
+    worker = await RemoteWorker.register(client, token, "manual>*:1", ["echo"])
+    started = time.monotonic()
+    assert await worker.claim(1, wait=0.5) == []  # nothing came: empty after the wait
+    assert time.monotonic() - started >= 0.5
+
+    async def enqueue_soon() -> int:
+        await asyncio.sleep(1)
+        return (await app.aenqueue("echo", {"late": True})).id
+
+    started = time.monotonic()
+    claimed, run_id = await asyncio.gather(worker.claim(1, wait=20), enqueue_soon())
+    assert [run["id"] for run in claimed] == [run_id]
+    assert time.monotonic() - started < 10  # woken by the lane's NOTIFY, not the wait's end
+
+
+async def test_a_silent_workers_runs_are_rescued_and_a_stopping_one_hands_back(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    token = await worker_token(client, "fleet", ["*"])
+    silent = await RemoteWorker.register(client, token, "manual>*:1", ["echo"])
+    living = await RemoteWorker.register(client, token, "manual>*:2", ["echo"])
+    run = await app.aenqueue("echo")
+    (held,) = await silent.claim(1)
+    # The living worker's beats renew its own leases and rescue the silent one's (lease
+    # 2 s in the tests' settings).
+    assert state_of(sql, run.id) == ("running", 1)
+    deadline = time.monotonic() + 20
+    while state_of(sql, run.id) == ("running", 1) and time.monotonic() < deadline:
+        await living.post("/heartbeat", {"run_ids": []})
+        await asyncio.sleep(0.3)
+    assert state_of(sql, run.id) == ("available", 1)
+    assert_problem(await silent.succeed(held), 409)  # too late: the run left it
+    beat = await silent.post("/heartbeat", {"run_ids": [run.id]})
+    assert beat.json() == {"renewed": [], "lost": [run.id]}
+
+    reclaimed = await living.claim(2)
+    assert [r["id"] for r in reclaimed] == [run.id] and reclaimed[0]["attempt"] == 2
+    stopped = await living.post("/stop", {"hand_back": [run.id]})
+    assert stopped.json() == {"handed_back": 1}
+    assert state_of(sql, run.id) == ("available", 1)  # the interrupted attempt not counted
+    assert sql.execute("SELECT count(*) FROM workers WHERE id = %s", [living.id]).fetchone() == (0,)
+    gone = await living.post("/claim", {"workloop": 0, "demand": 1})
+    assert_problem(gone, 404)  # it must register again
+
+
+async def test_a_remote_fast_lane_slot_counts_for_admission_and_serves_sync_webhooks(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "quote", mode="sync", task="echo")
+    refused = await client.post(trigger["url"], json={})
+    assert_problem(refused, 503)  # no worker has a fast-lane slot
+    token = await worker_token(client, "fast", ["fast_lane"])
+    worker = await RemoteWorker.register(client, token, "fast_lane:1", ["echo"])
+
+    async def serve_one() -> None:
+        (run,) = await worker.claim(1, wait=20)
+        progress = await worker.post(
+            f"/runs/{run['id']}/progress", {"attempt": run["attempt"], "data": {"half": True}}
+        )
+        assert progress.status_code == 204
+        # While it holds the slot, the next sync webhook finds no capacity.
+        assert_problem(await client.post(trigger["url"], json={"second": True}), 503)
+        assert (await worker.succeed(run, {"echo": run["args"]["body"]})).status_code == 200
+
+    answer, _ = await asyncio.gather(client.post(trigger["url"], json={"q": 1}), serve_one())
+    assert answer.status_code == 200 and answer.json() == {"echo": {"q": 1}}
+    run_id = int(answer.headers["location"].removeprefix("/runs/"))
+    events = sql.execute("SELECT data FROM run_events WHERE run_id = %s", [run_id]).fetchall()
+    assert events == [({"half": True},)]
+
+
+async def test_key_limits_hold_for_remote_claims(app: Tidegate, client: httpx.AsyncClient) -> None:
+    app.set_key_policy("default", "tenant", max_running=1)
+    token = await worker_token(client, "fleet", ["default"])
+    worker = await RemoteWorker.register(client, token, "default:4", ["echo"])
+    for _ in range(3):
+        await app.aenqueue("echo", key="tenant")
+    other = await app.aenqueue("echo", key="someone")
+    claimed = await worker.claim(4)
+    assert sorted(run["key"] for run in claimed) == ["someone", "tenant"]
+    assert other.id in {run["id"] for run in claimed}
+
+
+async def test_bad_outcomes_are_refused_with_a_4xx(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    token = await worker_token(client, "fleet", ["*"])
+    worker = await RemoteWorker.register(client, token, "manual>*:1", ["echo"])
+    await app.aenqueue("echo")
+    (run,) = await worker.claim(1)
+    path = f"/workers/{worker.id}/runs/{run['id']}/outcome"
+    headers = {**token, "content-type": "application/json"}
+    for body in (
+        b'{"state": "succeeded", "attempt": 1, "result": NaN}',
+        b'{"state": "won", "attempt": 1}',
+        b'{"state": "retry", "attempt": 1, "delay_seconds": -1}',
+        b'{"state": "succeeded", "attempt": 0}',
+        b"[]",
+    ):
+        answer = await client.post(path, content=body, headers=headers)
+        assert answer.status_code == 422, (body, answer.text)
+    assert state_of(sql, run["id"]) == ("running", 1)  # nothing was written
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+async def test_the_javascript_example_worker_runs_tasks_and_reports_progress(
+    app: Tidegate, api: ApiServer, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    token = await worker_token(client, "node", ["*"])
+    env = {
+        **os.environ,
+        "TIDEGATE_URL": api.url,
+        "TIDEGATE_WORKER_TOKEN": token["Authorization"].removeprefix("Bearer "),
+        "TIDEGATE_WORKLOOPS": "fast_lane:1 manual>*:2",
+    }
+    node = subprocess.Popen(["node", str(ROOT / "examples" / "node-worker.mjs")], env=env)
+    try:
+        await wait_until(
+            lambda: (
+                sql.execute("SELECT count(*) FROM workers WHERE token = 'node'").fetchone() == (1,)
+            )
+        )
+        shout = await app.aenqueue("js.shout", {"text": "hello remote world"})
+        fail = await app.aenqueue("js.fail", max_attempts=2)
+        await create_project(client, "acme")
+        trigger = await create_trigger(client, "acme", "shout", mode="sync", task="js.shout")
+        answer = await client.post(trigger["url"], json={"text": "sync too"})
+        assert answer.status_code == 200 and answer.json() == {"shouted": "SYNC TOO", "by": "node"}
+        await wait_until(
+            lambda: (
+                state_of(sql, shout.id)[0] == "succeeded"
+                and state_of(sql, fail.id)[0] == "discarded"
+            ),
+            timeout=30,
+        )
+    finally:
+        node.send_signal(signal.SIGTERM)
+        assert node.wait(30) == 0
+    result = sql.execute("SELECT result, errors FROM runs WHERE id = %s", [shout.id]).fetchone()
+    assert result is not None and result[0] == {"shouted": "HELLO REMOTE WORLD", "by": "node"}
+    events = sql.execute(
+        "SELECT data FROM run_events WHERE run_id = %s ORDER BY id", [shout.id]
+    ).fetchall()
+    assert [row[0] for row in events] == [{"word": i, "of": 3} for i in (1, 2, 3)]
+    errors = sql.execute("SELECT errors FROM runs WHERE id = %s", [fail.id]).fetchone()
+    assert (
+        errors is not None
+        and [e["error"] for e in errors[0]] == ["Error: this task always fails"] * 2
+    )
+    # It stopped cleanly: its row is gone, so its slots no longer count.
+    assert sql.execute("SELECT count(*) FROM workers WHERE token = 'node'").fetchone() == (0,)
+
+
+async def test_remote_and_local_workers_share_a_burst_exactly_once_within_key_limits(
+    app: Tidegate, start_api: Any, start_worker_process: Any, sql: psycopg.Connection
+) -> None:
+    server: ApiServer = start_api(processes=2)
+    app.set_key_policy("default", "*", max_running=2)
+    start_worker_process("default:4")
+    runs = await app.aenqueue_many(
+        [NewRun("echo", {"n": n}, key=f"tenant{n % 8}") for n in range(400)]
+    )
+    widest = 0
+
+    async def sample() -> None:
+        nonlocal widest
+        while True:
+            rows = sql.execute(
+                "SELECT count(*) FROM runs WHERE state = 'running' GROUP BY key"
+            ).fetchall()
+            widest = max([widest, *(row[0] for row in rows)])
+            await asyncio.sleep(0.01)
+
+    async def remote(client: httpx.AsyncClient, token: dict[str, str]) -> list[int]:
+        worker = await RemoteWorker.register(client, token, "default:4", ["echo"])
+        done: list[int] = []
+        while True:
+            claimed = await worker.claim(4, wait=1)
+            if not claimed and state_counts(sql).get("available", 0) == 0:
+                return done
+            for run in claimed:
+                await asyncio.sleep(0.005)
+                answer = await worker.succeed(run, {"by": worker.id})
+                assert answer.status_code == 200, answer.text
+                done.append(run["id"])
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        token = await worker_token(client, "fleet", ["default"])
+        sampler = asyncio.create_task(sample())
+        by_remote = await asyncio.gather(*(remote(client, token) for _ in range(4)))
+        await wait_until(lambda: state_counts(sql) == {"succeeded": 400}, timeout=60)
+        sampler.cancel()
+    remote_ids = [run_id for ids in by_remote for run_id in ids]
+    assert len(remote_ids) == len(set(remote_ids)), "a run was completed twice remotely"
+    assert remote_ids, "the remote workers took no run"
+    attempts = sql.execute(
+        "SELECT count(*) FROM runs WHERE id = ANY(%s) AND attempt = 1", [[r.id for r in runs]]
+    ).fetchone()
+    assert attempts == (400,)  # every run claimed once: none twice, none rescued
+    assert widest <= 2, f"a key had {widest} runs in flight (max_running 2)"
+
+
+def state_counts(sql: psycopg.Connection) -> dict[str, int]:
+    rows = sql.execute("SELECT state::text, count(*) FROM runs GROUP BY state").fetchall()
+    return {state: count for state, count in rows}
+
+
+async def test_a_python_worker_in_remote_mode_needs_no_database(
+    app: Tidegate, api: ApiServer, client: httpx.AsyncClient, sql: psycopg.Connection, tmp_path: Any
+) -> None:
+    token = await worker_token(client, "python", ["*"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        TIDEGATE_SCHEMA=app.settings.schema,  # tests.apps registers its tasks with it
+        TIDEGATE_SERVER_URL=api.url,
+        TIDEGATE_WORKER_TOKEN=token["Authorization"].removeprefix("Bearer "),
+        TIDEGATE_HEARTBEAT_SECONDS="0.5",
+    )
+    command = ["-m", "tidegate", "worker", "--app", "tests.apps:app", "--workloops", "manual>*:2"]
+    worker = subprocess.Popen([sys.executable, *command], env=env, cwd=tmp_path)
+    try:
+        await wait_until(
+            lambda: (
+                sql.execute("SELECT count(*) FROM workers WHERE token = 'python'").fetchone()
+                == (1,)
+            )
+        )
+        runs = [await app.aenqueue("echo", {"n": n}) for n in range(20)]
+        retried = await app.aenqueue("retry_once")
+        await wait_until(lambda: state_counts(sql) == {"succeeded": 21}, timeout=30, interval=0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    results = dict(sql.execute("SELECT id, result FROM runs").fetchall())
+    assert [results[run.id] for run in runs] == [{"n": n} for n in range(20)]
+    assert results[retried.id] == "second time"  # a Retry came back, staged by the API
+    # Its attempts were counted (the metrics read these rows), its row is gone, and it
+    # made no database of its own.
+    counted = sql.execute(
+        "SELECT sum(attempts) FROM worker_counters WHERE outcome = 'succeeded'"
+    ).fetchone()
+    assert counted == (21,)
+    assert sql.execute("SELECT count(*) FROM workers WHERE token = 'python'").fetchone() == (0,)
+    assert list(tmp_path.iterdir()) == []
