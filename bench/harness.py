@@ -10,6 +10,7 @@ schemas of its own (``bench_<side>_<hex>``), created just before and dropped jus
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import contextlib
 import hashlib
@@ -326,6 +327,32 @@ def write_between(docs: Path, name: str, body: str) -> None:
     tmp = docs.with_suffix(".md.tmp")
     tmp.write_text(f"{head}{begin}\n\n{body}\n{end}{tail}")
     tmp.replace(docs)
+
+
+def drain_parser(prog: str, description: str, smoke: str) -> argparse.ArgumentParser:
+    """The options of a drain benchmark (``bench.scale``, ``bench.remote``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--database-url", help="PostgreSQL to measure on (default: embedded)")
+    parser.add_argument("--runs", type=int, default=20_000, help="runs per drain (20,000)")
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions (3)")
+    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md")
+    parser.add_argument("--snapshot", action="store_true", help="measure a copy of the code")
+    parser.add_argument("--smoke", action="store_true", help=smoke)
+    return parser
+
+
+def publish(
+    result: dict[str, Any], text: str, label: str, *, smoke: bool, write_docs: bool
+) -> None:
+    """Print a run's table; unless it was a smoke run, keep its results as
+    ``results/LABEL.json`` and, when asked, put the table in docs/benchmarks.md."""
+    print(text)
+    if smoke:
+        return
+    write_results(result, RESULTS / f"{label}.json")
+    if write_docs:
+        write_between(DOCS, label, text)
+        print(f"wrote {DOCS.relative_to(ROOT)}", file=sys.stderr)
 
 
 def code_measured() -> dict[str, Any]:

@@ -25,7 +25,6 @@ started). Every drain is checked: every run succeeded, once.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import statistics
 import sys
@@ -37,26 +36,20 @@ import httpx
 import psycopg
 
 from bench.harness import (
-    DOCS,
-    RESULTS,
-    ROOT,
-    WorkerProcess,
     child_env,
     close_record,
+    drain_parser,
     fresh_schema,
     new_record,
-    python_module,
+    publish,
     redact,
-    schema_conninfo,
     spread,
     start_run,
-    write_between,
-    write_results,
 )
-from bench.scale import KEYS, SLOTS, _wait_drained
-from bench.webhooks.common import ADMIN_TOKEN, WORKER_READY
-from bench.webhooks.processes import ApiServer, CpuMeter, server_pids
-from tidegate import NewRun, Settings, Tidegate
+from bench.scale import SLOTS, drain_with
+from bench.webhooks.common import ADMIN_TOKEN
+from bench.webhooks.processes import ApiServer
+from tidegate import Settings, Tidegate
 
 DESCRIPTION = "Remote workers beside local ones: drain, CPU, connections."
 WORKERS = 4
@@ -108,57 +101,17 @@ def drain(url: str, api_processes: int, runs: int) -> dict[str, Any]:
         settings = Settings(database_url=url, schema=schema)
         with Tidegate(settings=settings) as tidegate, Connections(url) as connections:
             tidegate.migrate()
-            env = child_env(TIDEGATE_DATABASE_URL=url, TIDEGATE_SCHEMA=schema)
-            api = ApiServer(url, schema, api_processes) if api_processes else None
-            argv = python_module(
-                "tidegate", "worker", "--app", "bench.scale:app", "--workloops", f"manual>*:{SLOTS}"
-            )
-            workers: list[WorkerProcess] = []
-            try:
-                if api is not None:
-                    env = child_env(
-                        TIDEGATE_SERVER_URL=api.base, TIDEGATE_WORKER_TOKEN=_token(api.base)
-                    )
-                workers = [WorkerProcess(argv, env, WORKER_READY) for _ in range(WORKERS)]
-                for worker in workers:
-                    worker.wait_ready()
-                pids = [worker.process.pid for worker in workers]
-                meter = CpuMeter(
-                    {
-                        "workers": lambda: pids,
-                        "api": api.pids if api is not None else list,
-                        "postgres": server_pids(url),
-                    }
-                )
-                meter.start()
-                tidegate.enqueue_many(
-                    [NewRun("noop", {"i": i}, key=f"k{i % KEYS:03d}") for i in range(runs)]
-                )
-                _wait_drained(schema_conninfo(url, schema), runs, workers)
-                cpu = meter.stop()["cpu_seconds"]
-                for worker in workers:
-                    worker.stop()
-            finally:
-                for worker in workers:
-                    worker.kill()
-                if api is not None:
+            if not api_processes:
+                env = child_env(TIDEGATE_DATABASE_URL=url, TIDEGATE_SCHEMA=schema)
+                found = drain_with(tidegate, env, WORKERS, runs, {"api": list})
+            else:
+                with ApiServer(url, schema, api_processes) as api:
+                    token = _token(api.base)
+                    env = child_env(TIDEGATE_SERVER_URL=api.base, TIDEGATE_WORKER_TOKEN=token)
+                    found = drain_with(tidegate, env, WORKERS, runs, {"api": api.pids})
                     api.stop()
-        with psycopg.connect(schema_conninfo(url, schema)) as conn:
-            row = conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE attempt = 1),"
-                " extract(epoch FROM max(completed_at) - min(attempted_at))"
-                " FROM runs WHERE state = 'succeeded'"
-            ).fetchone()
-    assert row is not None
-    done, once, seconds = int(row[0]), int(row[1]), float(row[2])
-    return {
-        "runs": runs,
-        "rate": runs / seconds,
-        "verified": done == once == runs,
-        "cpu_us_per_run": {side: 1e6 * used / runs for side, used in cpu.items()},
-        # The setup's connections, less the one Tidegate() above keeps for the enqueue.
-        "connections": max(0, connections.held - 1),
-    }
+    # The setup's connections, less the one Tidegate() above keeps for the enqueue.
+    return {**found, "connections": max(0, connections.held - 1)}
 
 
 def _token(base: str) -> str:
@@ -231,13 +184,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m bench.remote", description=DESCRIPTION)
-    parser.add_argument("--database-url", help="PostgreSQL to measure on (default: embedded)")
-    parser.add_argument("--runs", type=int, default=20_000, help="runs per drain (20,000)")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (3)")
-    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md")
-    parser.add_argument("--snapshot", action="store_true", help="measure a copy of the code")
-    parser.add_argument("--smoke", action="store_true", help="a few runs: checks only")
+    parser = drain_parser("python -m bench.remote", DESCRIPTION, "a few runs: checks only")
     args = parser.parse_args(argv)
     runs, repeat = (SMOKE_RUNS, 1) if args.smoke else (args.runs, args.repeat)
     url, embedded = start_run("bench.remote", argv, args.database_url, args.snapshot)
@@ -249,14 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     result["summary"] = summarize(samples)
     result["verified"] = all(f["verified"] for found in samples.values() for f in found)
     close_record(result, started, lambda line: print(line, file=sys.stderr))
-    text = render(result)
-    print(text)
     label = f"remote-postgres{result['server']['major']}{'-embedded' if embedded else ''}"
-    if not args.smoke:
-        write_results(result, RESULTS / f"{label}.json")
-    if args.write_docs and not args.smoke:
-        write_between(DOCS, label, text)
-        print(f"wrote {DOCS.relative_to(ROOT)}", file=sys.stderr)
+    publish(result, render(result), label, smoke=args.smoke, write_docs=args.write_docs)
     return 0 if result["verified"] else 1
 
 

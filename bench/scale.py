@@ -31,33 +31,30 @@ medians, with min and max. Each drain is checked: every run succeeded, once.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import psycopg
 
 from bench.harness import (
-    DOCS,
-    RESULTS,
-    ROOT,
     BenchError,
     WorkerProcess,
     child_env,
     close_record,
+    drain_parser,
     fresh_schema,
     new_record,
+    publish,
     python_module,
     redact,
     schema_conninfo,
     spread,
     start_run,
-    write_between,
-    write_results,
 )
 from bench.webhooks.common import WORKER_READY, Options
 from bench.webhooks.ingest import measure_ingest
@@ -97,32 +94,47 @@ def drain(url: str, processes: int, max_running: int | None, runs: int) -> dict[
             if max_running is not None:
                 tidegate.execute(set_key_policy("default", "*", max_running=max_running))
             env = child_env(TIDEGATE_DATABASE_URL=url, TIDEGATE_SCHEMA=schema)
-            argv = python_module(
-                "tidegate", "worker", "--app", "bench.scale:app", "--workloops", f"manual>*:{SLOTS}"
-            )
-            workers = [WorkerProcess(argv, env, WORKER_READY) for _ in range(processes)]
-            try:
-                for worker in workers:
-                    worker.wait_ready()
-                pids = [worker.process.pid for worker in workers]
-                meter = CpuMeter({"workers": lambda: pids, "postgres": server_pids(url)})
-                meter.start()
-                tidegate.enqueue_many(
-                    [NewRun("noop", {"i": i}, key=f"k{i % KEYS:03d}") for i in range(runs)]
-                )
-                _wait_drained(schema_conninfo(url, schema), runs, workers)
-                cpu = meter.stop()["cpu_seconds"]
-                for worker in workers:
-                    worker.stop()
-            finally:
-                for worker in workers:
-                    worker.kill()
-        with psycopg.connect(schema_conninfo(url, schema)) as conn:
-            row = conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE attempt = 1),"
-                " extract(epoch FROM max(completed_at) - min(attempted_at))"
-                " FROM runs WHERE state = 'succeeded'"
-            ).fetchone()
+            return drain_with(tidegate, env, processes, runs, {})
+
+
+def drain_with(
+    tidegate: Tidegate,
+    env: dict[str, str],
+    processes: int,
+    runs: int,
+    groups: dict[str, Callable[[], Iterable[int]]],
+) -> dict[str, Any]:
+    """Start ``processes`` idle workers (``manual>*:32``, environment ``env``), enqueue
+    ``runs`` no-op runs at once, wait until they are done; return runs per second (first
+    claim to last completion, by the database's clock), CPU per run of the workers,
+    PostgreSQL and ``groups``, and whether every run succeeded, once."""
+    url, schema = tidegate.settings.database_url or "", tidegate.settings.schema
+    argv = python_module(
+        "tidegate", "worker", "--app", "bench.scale:app", "--workloops", f"manual>*:{SLOTS}"
+    )
+    workers = [WorkerProcess(argv, env, WORKER_READY) for _ in range(processes)]
+    try:
+        for worker in workers:
+            worker.wait_ready()
+        pids = [worker.process.pid for worker in workers]
+        meter = CpuMeter({"workers": lambda: pids, "postgres": server_pids(url), **groups})
+        meter.start()
+        tidegate.enqueue_many(
+            [NewRun("noop", {"i": i}, key=f"k{i % KEYS:03d}") for i in range(runs)]
+        )
+        _wait_drained(schema_conninfo(url, schema), runs, workers)
+        cpu = meter.stop()["cpu_seconds"]
+        for worker in workers:
+            worker.stop()
+    finally:
+        for worker in workers:
+            worker.kill()
+    with psycopg.connect(schema_conninfo(url, schema)) as conn:
+        row = conn.execute(
+            "SELECT count(*), count(*) FILTER (WHERE attempt = 1),"
+            " extract(epoch FROM max(completed_at) - min(attempted_at))"
+            " FROM runs WHERE state = 'succeeded'"
+        ).fetchone()
     assert row is not None
     done, once, seconds = int(row[0]), int(row[1]), float(row[2])
     return {
@@ -230,13 +242,7 @@ def render(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m bench.scale", description=DESCRIPTION)
-    parser.add_argument("--database-url", help="PostgreSQL to measure on (default: embedded)")
-    parser.add_argument("--runs", type=int, default=20_000, help="runs per drain (20,000)")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions (3)")
-    parser.add_argument("--write-docs", action="store_true", help="rewrite docs/benchmarks.md")
-    parser.add_argument("--snapshot", action="store_true", help="measure a copy of the code")
-    parser.add_argument("--smoke", action="store_true", help="a few runs and webhooks: checks")
+    parser = drain_parser("python -m bench.scale", DESCRIPTION, "a few runs and webhooks: checks")
     args = parser.parse_args(argv)
     runs, repeat, ingest = args.runs, args.repeat, Options()
     if args.smoke:
@@ -259,14 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     result["summary"] = summarize(samples)
     result["verified"] = all(f["verified"] for found in samples.values() for f in found)
     close_record(result, started, lambda line: print(line, file=sys.stderr))
-    text = render(result)
-    print(text)
     label = f"scale-postgres{result['server']['major']}{'-embedded' if embedded else ''}"
-    if not args.smoke:
-        write_results(result, RESULTS / f"{label}.json")
-    if args.write_docs and not args.smoke:
-        write_between(DOCS, label, text)
-        print(f"wrote {DOCS.relative_to(ROOT)}", file=sys.stderr)
+    publish(result, render(result), label, smoke=args.smoke, write_docs=args.write_docs)
     return 0 if result["verified"] else 1
 
 

@@ -58,13 +58,18 @@ class Refused(Exception):
         self.title = title
 
 
-async def authenticate(ingress: Ingress, authorization: str | None, *, admin: bool) -> Caller:
-    """Return who holds the bearer token of ``authorization``, or raise ``Refused``."""
+def _bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer <token>`` header, or ``Refused`` (401)."""
     scheme, _, token = (authorization or "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Refused(401, "missing bearer token")
-    rows = await ingress.run(_caller(hash_token(token)))
+    return token
+
+
+async def authenticate(ingress: Ingress, authorization: str | None, *, admin: bool) -> Caller:
+    """Return who holds the bearer token of ``authorization``, or raise ``Refused``."""
+    rows = await ingress.run(_caller(hash_token(_bearer(authorization))))
     if not rows:
         raise Refused(403, "unknown token")
     caller = Caller(project=rows[0][0])
@@ -83,11 +88,7 @@ class WorkerCaller:
 
 async def authenticate_worker(ingress: Ingress, authorization: str | None) -> WorkerCaller:
     """Return the worker token of ``authorization``, or raise ``Refused``."""
-    scheme, _, token = (authorization or "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
-        raise Refused(401, "missing bearer token")
-    rows = await ingress.run(_worker_token(hash_token(token)))
+    rows = await ingress.run(_worker_token(hash_token(_bearer(authorization))))
     if not rows:
         raise Refused(403, "unknown worker token")
     name, lanes = rows[0]

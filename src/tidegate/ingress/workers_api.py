@@ -16,8 +16,10 @@ guard (running, same attempt, same worker) means a worker completes only what it
 - ``POST /workers/{id}/heartbeat``: renew the leases of the runs it names; the answer
   says which it no longer holds (cancelled, or rescued). Each beat also stages due and
   pending runs and rescues lapsed leases, as a local worker's services do.
-- ``POST /workers/{id}/runs/{run_id}/outcome`` and ``/progress``; ``POST
-  /workers/{id}/stop`` hands back what it could not finish and removes the worker.
+- ``POST /workers/{id}/runs/{run_id}/outcome`` and ``/progress``, or in batches as the
+  worker's completer makes them, ``POST /workers/{id}/complete`` (the Python worker's
+  form, worker/link.py); ``POST /workers/{id}/stop`` hands back what it could not
+  finish and removes the worker.
 """
 
 from __future__ import annotations
