@@ -407,3 +407,18 @@ async def test_a_python_worker_in_remote_mode_needs_no_database(
     assert counted == (21,)
     assert sql.execute("SELECT count(*) FROM workers WHERE token = 'python'").fetchone() == (0,)
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_remote_worker_refused_by_the_api_says_so_in_one_line(
+    api: ApiServer, tmp_path: Any
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    env.update(PYTHONPATH=str(ROOT), TIDEGATE_SERVER_URL=api.url, TIDEGATE_WORKER_TOKEN="tgw_wrong")
+    command = [sys.executable, "-m", "tidegate", "worker", "--app", "tests.apps:app"]
+    done = subprocess.run(
+        command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"tidegate: the API at {api.url} answered /workers with 403: unknown worker token"
+    )

@@ -142,13 +142,19 @@ class RemoteLink:
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         """POST ``body``; the answer's JSON, or ``LinkError`` (transient: the API is
         unreachable, overloaded or restarting; else it refused the call)."""
+        base = self.client.base_url
         try:
             response = await self.client.post(path, json=body)
         except httpx.TransportError as error:
-            raise LinkError(f"{path}: {error!r}", transient=True) from None
+            raise LinkError(f"cannot reach the API at {base}: {error!r}", transient=True) from None
         if response.status_code >= 400:
-            transient = response.status_code in (408, 429) or response.status_code >= 500
+            try:
+                title = response.json()["title"]
+            except (ValueError, KeyError, TypeError):
+                title = response.text[:200]
+            status = response.status_code
             raise LinkError(
-                f"{path}: {response.status_code} {response.text[:200]}", transient=transient
+                f"the API at {base} answered {path} with {status}: {title}",
+                transient=status in (408, 429) or status >= 500,
             )
         return response.json() if response.content else None

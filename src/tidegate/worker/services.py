@@ -32,6 +32,7 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from tidegate.errors import TidegateError
 from tidegate.runs import Run
 from tidegate.storage.database import transient
 from tidegate.storage.sql import query
@@ -52,7 +53,7 @@ STOP_AGAIN_SECONDS = 0.1
 """How long a stopping service has to end before it is cancelled again."""
 
 
-class LinkError(Exception):
+class LinkError(TidegateError):
     """A call of a remote worker to the API failed (worker/link.py); ``transient`` when
     the API could not be reached or could not serve it now, so a retry may pass."""
 
