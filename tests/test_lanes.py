@@ -118,3 +118,22 @@ def test_every_whole_number_setting_refuses_a_value_past_its_bounds(name: str) -
 def test_the_dashboard_session_length_is_bounded(value: float) -> None:
     with pytest.raises(ConfigError, match="ui_session_seconds"):
         Settings(ui_session_seconds=value)
+
+
+@pytest.mark.parametrize(
+    ("options", "complaint"),
+    [
+        ({"server_url": "http://api:8000"}, "both server_url and worker_token"),
+        ({"worker_token": "tgw_x"}, "both server_url and worker_token"),
+        ({"server_url": "ftp://api", "worker_token": "tgw_x"}, "http\\(s\\) URL"),
+        ({"server_url": "http://a b", "worker_token": "tgw_x"}, "http\\(s\\) URL"),
+        ({"server_url": "http://api", "worker_token": "tgw x"}, "worker_token"),
+        ({"server_url": "http://api", "worker_token": "tgw_\x00"}, "worker_token"),
+    ],
+)
+def test_a_remote_workers_settings_refuse_a_malformed_server_or_token(
+    options: dict[str, str], complaint: str
+) -> None:
+    Settings(server_url="https://api.internal:8000/base", worker_token="tgw_ok")
+    with pytest.raises(ConfigError, match=complaint):
+        Settings(**options)  # type: ignore[arg-type]

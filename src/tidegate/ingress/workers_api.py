@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tidegate.errors import ConfigError, InputError
 from tidegate.ingress.auth import BEARER, WorkerCaller
+from tidegate.ingress.events import get_run
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.lanes import parse_workloops
 from tidegate.limits import (
@@ -467,10 +468,9 @@ async def _own(
 
 async def _held(ingress: Ingress, worker_id: str, run_id: int, attempt: int) -> Run:
     """The run, if this worker holds this attempt of it; else 404 or 409."""
-    rows = await ingress.run(_get_run(run_id))
-    if not rows:
+    run = await ingress.run(get_run(run_id))
+    if run is None:
         raise HTTPException(404, f"no run {run_id}")
-    run: Run = rows[0]
     if not (
         run.state is RunState.RUNNING and run.worker_id == worker_id and run.attempt == attempt
     ):
@@ -564,10 +564,6 @@ def _claim(params: dict[str, Any]) -> Steps[list[Run]]:
 def _renewed(params: dict[str, Any]) -> Steps[list[int]]:
     rows = yield Statement("beat_worker", params)
     return list(rows[0][0])
-
-
-def _get_run(run_id: int) -> Steps[list[Run]]:
-    return (yield Statement("get_run", {"id": run_id}, run_row))
 
 
 def _complete(params: dict[str, Any]) -> Steps[list[Any]]:
