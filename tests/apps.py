@@ -1,7 +1,9 @@
 """The tasks the tests run, in-process (``register``) or in worker processes (``app``).
 
 Handlers that need to prove what ran write a row to ``executions`` (in the test's
-schema) from inside the handler: one row per attempt, with the worker's pid.
+schema) from inside the handler: one row per attempt, with the worker's pid. A remote
+worker's process has no database of its own: its handlers reach the table through
+``TESTS_EXECUTIONS_URL`` (``spawn_worker``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ def register(app: Tidegate) -> None:
 
     def connection() -> psycopg.Connection:
         if getattr(local, "conn", None) is None:
-            local.conn = psycopg.connect(app.database.conninfo(), autocommit=True)
+            conninfo = os.environ.get("TESTS_EXECUTIONS_URL") or app.database.conninfo()
+            local.conn = psycopg.connect(conninfo, autocommit=True)
         conn: psycopg.Connection = local.conn
         return conn
 

@@ -14,11 +14,13 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from tests.http_fixtures import ADMIN, ApiServer, wait_for_workers
 from tidegate import Settings, Tidegate
@@ -99,14 +101,27 @@ async def running_worker(
         await task
 
 
-def spawn_worker(settings: Settings, workloops: str, *extra: str) -> subprocess.Popen[bytes]:
-    """Start ``tidegate worker`` on the test app in a separate process."""
+def spawn_worker(
+    settings: Settings, workloops: str, *extra: str, remote: Remote | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``tidegate worker`` on the test app in a separate process; with ``remote``, a
+    remote one (``--server-url``), given no database to reach."""
     env = {
         **os.environ,
         "TIDEGATE_DATABASE_URL": settings.database_url or "",
         "TIDEGATE_SCHEMA": settings.schema,
         "PYTHONPATH": str(ROOT),
     }
+    if remote is not None:
+        # The worker has none; only the tests' handlers do, to write ``executions``.
+        executions = make_conninfo(
+            env.pop("TIDEGATE_DATABASE_URL"), options=f"-c search_path={settings.schema}"
+        )
+        env.update(
+            TIDEGATE_SERVER_URL=remote.url,
+            TIDEGATE_WORKER_TOKEN=remote.token,
+            TESTS_EXECUTIONS_URL=executions,
+        )
     for name, value in FAST.items():
         env[f"TIDEGATE_{name.upper()}"] = str(value)
     return subprocess.Popen(
@@ -174,18 +189,72 @@ def api(start_api: Callable[..., ApiServer]) -> ApiServer:
     return start_api()
 
 
+@dataclass(frozen=True)
+class Remote:
+    """Where a test's remote workers go: an API server, and a worker token for every lane."""
+
+    url: str
+    token: str
+    poll_seconds: float
+
+    def link(self) -> RemoteLink:
+        """A new link, for one worker in this process."""
+        return RemoteLink(self.url, self.token, self.poll_seconds)
+
+
+@pytest.fixture
+def remote(start_api: Callable[..., ApiServer], settings: Settings) -> Remote:
+    """An API server on the test's schema and a worker token for every lane."""
+    server = start_api()
+    created = httpx.post(
+        server.url + "/admin/worker-tokens",
+        json={"name": "tests", "lanes": ["*"]},
+        headers=ADMIN,
+        timeout=10,
+    )
+    assert created.status_code == 201, created.text
+    return Remote(server.url, created.json()["token"], settings.poll_seconds)
+
+
+@pytest.fixture(params=["local", "remote"])
+def worker_mode(request: pytest.FixtureRequest) -> Remote | None:
+    """A test that takes it runs twice: with local workers (``None``), then with remote
+    ones (``Remote``: pass it to ``spawn_worker``, ``start_worker_process``, ``worker_of``)."""
+    if request.param == "local":
+        return None
+    remote: Remote = request.getfixturevalue("remote")
+    return remote
+
+
+WorkerOf = Callable[..., contextlib.AbstractAsyncContextManager[Worker]]
+
+
+@pytest.fixture
+def worker_of(worker_mode: Remote | None) -> WorkerOf:
+    """``worker_of(app, workloops, **options)``: ``running_worker`` in the test's mode (a
+    new link per remote worker)."""
+
+    def start(
+        app: Tidegate, workloops: str, **options: object
+    ) -> contextlib.AbstractAsyncContextManager[Worker]:
+        link = worker_mode.link() if worker_mode else None
+        return running_worker(app, workloops, link, **options)
+
+    return start
+
+
 @pytest.fixture
 def start_worker_process(settings: Settings) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
     """Spawn ``tidegate worker`` processes (``spawn_worker``), stopped at the end of the test.
 
-    ``start_worker_process("fast_lane:1 manual>*:2")`` returns once the worker has
-    registered its slots, so admission counts them from the first request on.
+    ``start_worker_process("fast_lane:1 manual>*:2", remote=None)`` returns once the
+    worker has registered its slots, so admission counts them from the first request on.
     """
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(workloops: str, *extra: str) -> subprocess.Popen[bytes]:
+    def start(workloops: str, *extra: str, remote: Remote | None = None) -> subprocess.Popen[bytes]:
         before = len(processes)
-        process = spawn_worker(settings, workloops, *extra)
+        process = spawn_worker(settings, workloops, *extra, remote=remote)
         processes.append(process)
         assert settings.database_url
         wait_for_workers(settings.database_url, settings.schema, before + 1)
@@ -195,21 +264,3 @@ def start_worker_process(settings: Settings) -> Iterator[Callable[..., subproces
     for process in processes:
         if process.poll() is None:
             stop_worker(process)
-
-
-@pytest.fixture
-def remote_link(
-    start_api: Callable[..., ApiServer], settings: Settings
-) -> Callable[[], RemoteLink]:
-    """Make links of remote workers: an API server on the test's schema, a worker token
-    for every lane; each call makes a new link (one per worker)."""
-    server = start_api()
-    created = httpx.post(
-        server.url + "/admin/worker-tokens",
-        json={"name": "tests", "lanes": ["*"]},
-        headers=ADMIN,
-        timeout=10,
-    )
-    assert created.status_code == 201, created.text
-    token = created.json()["token"]
-    return lambda: RemoteLink(server.url, token, settings.poll_seconds)

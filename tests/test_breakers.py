@@ -1,6 +1,7 @@
 """Circuit breakers: a key whose downstream fails stops being claimed, and recovers.
 
-Real ``tidegate serve --role api`` and ``tidegate worker`` processes; the downstreams
+Real ``tidegate serve --role api`` and ``tidegate worker`` processes, each test with
+local workers and again with remote ones (``worker_mode``); the downstreams
 are real HTTP servers in this process (``Endpoint``), one per port, so that each is its
 own breaker key (``http://127.0.0.1:<port>``: a forwarding trigger's runs are keyed by
 their destination).
@@ -24,7 +25,7 @@ import pytest
 from click.testing import CliRunner
 from psycopg.rows import dict_row
 
-from tests.conftest import running_worker, wait_until
+from tests.conftest import Remote, WorkerOf, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, create_project, create_trigger
 from tidegate import DownstreamFailing, Retry, Tidegate
 from tidegate.cli import main
@@ -174,13 +175,14 @@ async def test_an_open_breaker_stops_its_keys_runs_being_claimed_while_other_key
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     dead, live = endpoints("fail"), endpoints("ok")
     await set_policy(client, "default", "*", breaker_failures=3, breaker_cooldown_seconds=600)
     to_dead = await forwarder(client, "dead", dead)
     to_live = await forwarder(client, "live", live)
     doomed = await send(client, to_dead, 10)
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:2", remote=worker_mode)
 
     fine = await send(client, to_live, 20)
     await wait_until(lambda: states(sql, fine) == {"succeeded": 20})
@@ -218,13 +220,14 @@ async def test_after_the_cooldown_one_probe_goes_through_and_its_success_closes_
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     flaky = endpoints("fail")
     await set_policy(
         client, "default", "*", breaker_failures=2, breaker_cooldown_seconds=2, breaker_probes=1
     )
     ids = await send(client, await forwarder(client, "flaky", flaky), 6)
-    start_worker_process("manual>*:3")
+    start_worker_process("manual>*:3", remote=worker_mode)
     await wait_until(lambda: (breaker(sql, "default", flaky.key) or {}).get("state") == "open")
     # Runs claimed before it opened answer first; from then on, only the breaker lets
     # the key's runs through.
@@ -254,6 +257,7 @@ async def test_a_failed_probe_opens_it_again_for_twice_as_long_up_to_the_cap(
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     dead = endpoints("fail")
     await set_policy(
@@ -265,7 +269,7 @@ async def test_a_failed_probe_opens_it_again_for_twice_as_long_up_to_the_cap(
         breaker_max_cooldown_seconds=2,
     )
     await send(client, await forwarder(client, "dead", dead), 3)
-    start_worker_process("manual>*:1")
+    start_worker_process("manual>*:1", remote=worker_mode)
     seen: list[float] = []
 
     def cooldowns() -> bool:
@@ -290,6 +294,7 @@ async def test_half_open_probes_in_flight_never_exceed_the_policy_across_four_wo
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     dead = endpoints("slow_fail", delay=0.4)
     await set_policy(
@@ -303,7 +308,9 @@ async def test_half_open_probes_in_flight_never_exceed_the_policy_across_four_wo
     )
     await send(client, await forwarder(client, "dead", dead), 40)
     for _ in range(4):
-        start_worker_process("manual>*:4")  # 16 slots, all wanting the key's runs
+        start_worker_process(
+            "manual>*:4", remote=worker_mode
+        )  # 16 slots, all wanting the key's runs
     await wait_until(lambda: (breaker(sql, "default", dead.key) or {}).get("trips", 0) >= 1)
     # Runs claimed before the trip answer within 0.4 s; after that, only probes run.
     probes_from = time.monotonic() + 1.0
@@ -331,12 +338,13 @@ async def test_timeouts_and_429s_count_as_failures(
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
     answer: str,
+    worker_mode: Remote | None,
 ) -> None:
     down = endpoints(answer, delay=2)
     await set_policy(client, "default", "*", breaker_failures=2, breaker_cooldown_seconds=600)
     trigger = await forwarder(client, "down", down, forward_timeout_seconds=0.3)
     ids = await send(client, trigger, 4)
-    start_worker_process("manual>*:1")
+    start_worker_process("manual>*:1", remote=worker_mode)
 
     await wait_until(lambda: (breaker(sql, "default", down.key) or {}).get("state") == "open")
 
@@ -361,19 +369,20 @@ async def test_a_rescued_probe_frees_its_place_for_the_next_one(
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     down = endpoints("fail", delay=30)
     await set_policy(
         client, "default", "*", breaker_failures=1, breaker_cooldown_seconds=0.5, breaker_probes=1
     )
     ids = await send(client, await forwarder(client, "down", down, forward_timeout_seconds=60), 3)
-    first = start_worker_process("manual>*:2")
+    first = start_worker_process("manual>*:2", remote=worker_mode)
     await wait_until(lambda: (breaker(sql, "default", down.key) or {}).get("trips") == 1)
     down.mode = "hang"  # the next probe hangs: its worker dies holding it
     await wait_until(lambda: probes(sql) == 1)
     first.kill()
     down.mode = "ok"
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:2", remote=worker_mode)
 
     # Its lease lapses, the rescuer hands it back (no longer a probe), and the next
     # probe, which succeeds, closes the breaker: every run goes through.
@@ -395,11 +404,12 @@ async def test_bad_input_does_not_trip_the_breaker_of_its_key(
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     refusing = endpoints("bad")
     await set_policy(client, "default", "*", breaker_failures=2)
     ids = await send(client, await forwarder(client, "picky", refusing), 8)
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:2", remote=worker_mode)
 
     await wait_until(lambda: states(sql, ids) == {"discarded": 8})
 
@@ -414,11 +424,12 @@ async def test_a_sync_webhook_whose_breaker_is_open_gets_503_with_the_cooldown_l
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     dead = endpoints("fail")
     await set_policy(client, "fast_lane", "*", breaker_failures=2, breaker_cooldown_seconds=30)
     trigger = await forwarder(client, "quote", dead, mode="sync")
-    start_worker_process("fast_lane:1 manual>*:1")
+    start_worker_process("fast_lane:1 manual>*:1", remote=worker_mode)
 
     answers = [await client.post(trigger["url"], json={"n": n}) for n in range(2)]
     # The endpoint's own failure is passed on, as a proxy would, and counted.
@@ -442,6 +453,7 @@ async def test_an_admin_forces_a_breaker_open_and_hands_it_back(
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     live = endpoints("ok")
     ids = await send(client, await forwarder(client, "live", live), 3)
@@ -450,7 +462,7 @@ async def test_an_admin_forces_a_breaker_open_and_hands_it_back(
     forced = await client.put(path, json={"force": "open"}, headers=ADMIN)
     assert forced.status_code == 200, forced.text
     assert (forced.json()["key"], forced.json()["state"]) == (live.key, "forced_open")
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:2", remote=worker_mode)
 
     await asyncio.sleep(1.5)  # three polls: nothing claims the key's runs
     assert live.hits == 0 and states(sql, ids) == {"available": 3}
@@ -468,13 +480,14 @@ async def test_a_breaker_forced_closed_counts_nothing_and_lets_runs_through(
     sql: psycopg.Connection,
     endpoints: Callable[..., Endpoint],
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     dead = endpoints("fail")
     await set_policy(client, "default", "*", breaker_failures=1)
     path = f"/admin/lanes/default/breakers/{quote(dead.key, safe='')}"
     assert (await client.put(path, json={"force": "closed"}, headers=ADMIN)).status_code == 200
     ids = await send(client, await forwarder(client, "dead", dead), 2)
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:2", remote=worker_mode)
 
     await wait_until(lambda: dead.hits >= 6)
 
@@ -512,7 +525,7 @@ async def test_breaker_settings_and_forces_out_of_bounds_get_422(
 
 
 async def test_downstream_failing_counts_for_the_breaker_and_gives_the_attempt_back(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
 ) -> None:
     calls: list[int] = []
 
@@ -526,7 +539,7 @@ async def test_downstream_failing_counts_for_the_breaker_and_gives_the_attempt_b
     app.execute(set_key_policy("default", "partner", breaker_failures=10))
     run = app.enqueue("call_partner", key="partner")
     run_id = run.id
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: (app.get_run(run_id) or run).state.finished)
 
     done = app.get_run(run_id)

@@ -1,9 +1,10 @@
 """Per-key limits and fairness in real claims: caps, weights, cold keys, rates, aging.
 
-Each test runs real workers (``running_worker`` in this process, or ``spawn_worker``
-processes where claimers must compete) against a real PostgreSQL and reads what
-happened from the database: ``runs`` (claim time, key, rank) and ``executions`` (when
-each handler really ran). Claim order is ``(attempted_at, rank, id)``: one claim shares
+Each test runs real workers (``worker_of`` in this process, or ``spawn_worker``
+processes where claimers must compete) against a real PostgreSQL, twice: local workers,
+then remote ones (through an API server: ``worker_mode``). It reads what happened from
+the database: ``runs`` (claim time, key, rank) and ``executions`` (when each handler
+really ran). Claim order is ``(attempted_at, rank, id)``: one claim shares
 its transaction's ``attempted_at`` and picks in ``(rank, id)`` order.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import running_worker, spawn_worker, stop_worker, wait_until
+from tests.conftest import Remote, WorkerOf, spawn_worker, stop_worker, wait_until
 from tidegate import NewRun, RunState, Settings, Tidegate
 from tidegate.projects import create_project
 
@@ -105,9 +106,10 @@ async def test_no_key_ever_has_more_runs_in_flight_than_its_max_running_across_w
     settings: Settings,
     sql: psycopg.Connection,
     processes: list[subprocess.Popen[bytes]],
+    worker_mode: Remote | None,
 ) -> None:
     app.set_key_policy("default", "*", max_running=2)
-    processes += [spawn_worker(settings, "manual>*:6") for _ in range(4)]
+    processes += [spawn_worker(settings, "manual>*:6", remote=worker_mode) for _ in range(4)]
     await wait_until(lambda: workers(sql) == 4, 20)
     # 30 keys: five with a long backlog, so that once the others are done the cap is
     # what holds them back (24 free slots, 10 places), not the slots.
@@ -134,11 +136,11 @@ async def test_no_key_ever_has_more_runs_in_flight_than_its_max_running_across_w
 
 
 async def test_raising_max_running_takes_effect_at_the_next_claim(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
 ) -> None:
     app.set_key_policy("default", "k", max_running=1)
     app.enqueue_many([NewRun("async_sleep", {"seconds": 30}, key="k") for _ in range(6)])
-    async with running_worker(app, "manual>*:4", shutdown_grace_seconds=0.5) as worker:
+    async with worker_of(app, "manual>*:4", shutdown_grace_seconds=0.5) as worker:
         (loop,) = worker.workloops
         await wait_until(lambda: count(sql, "state = 'running'") == 1, 10)
         assert loop.free == 3  # slots to spare: the policy, not the worker, holds k at 1
@@ -160,9 +162,10 @@ async def test_killed_worker_gives_back_exactly_its_places_of_a_capped_key(
     settings: Settings,
     sql: psycopg.Connection,
     processes: list[subprocess.Popen[bytes]],
+    worker_mode: Remote | None,
 ) -> None:
     app.set_key_policy("default", "c", max_running=2)
-    first = spawn_worker(settings, "manual>*:4")
+    first = spawn_worker(settings, "manual>*:4", remote=worker_mode)
     processes.append(first)
     await wait_until(lambda: workers(sql) == 1, 20)
     runs = app.enqueue_many([NewRun("sleep", {"seconds": 1.5}, key="c") for _ in range(6)])
@@ -172,7 +175,7 @@ async def test_killed_worker_gives_back_exactly_its_places_of_a_capped_key(
     # Dead now: what it held stays 'running' under its id until the lease runs out.
     held = {row[0] for row in sql.execute("SELECT id FROM runs WHERE state = 'running'")}
     assert len(held) == 2
-    second = spawn_worker(settings, "manual>*:4")
+    second = spawn_worker(settings, "manual>*:4", remote=worker_mode)
     processes.append(second)
     in_flight: list[int] = []
 
@@ -201,7 +204,7 @@ async def test_killed_worker_gives_back_exactly_its_places_of_a_capped_key(
 
 
 async def test_capped_keys_backlog_does_not_hold_back_other_keys(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
 ) -> None:
     app.set_key_policy("default", "slow", max_running=1)
     app.enqueue_many([NewRun("async_sleep", {"seconds": 2}, key="slow") for _ in range(1_000)])
@@ -210,7 +213,7 @@ async def test_capped_keys_backlog_does_not_hold_back_other_keys(
     def fast_done() -> int:
         return count(sql, "key = 'fast' AND state = 'succeeded'")
 
-    async with running_worker(app, "manual>*:4", shutdown_grace_seconds=0.5):
+    async with worker_of(app, "manual>*:4", shutdown_grace_seconds=0.5):
         # slow runs one 2 s run at a time; fast's 2,000 no-ops take a second or two.
         await wait_until(
             lambda: fast_done() == 2_000 or count(sql, "key = 'slow' AND attempt > 0") >= 4,
@@ -228,9 +231,10 @@ async def test_project_concurrency_bounds_its_runs_across_every_lane_but_fast_la
     settings: Settings,
     sql: psycopg.Connection,
     processes: list[subprocess.Popen[bytes]],
+    worker_mode: Remote | None,
 ) -> None:
     app.execute(create_project("p", concurrency=2))
-    processes += [spawn_worker(settings, "manual>*:6") for _ in range(2)]
+    processes += [spawn_worker(settings, "manual>*:6", remote=worker_mode) for _ in range(2)]
     await wait_until(lambda: workers(sql) == 2, 20)
     runs = [
         NewRun("sleep", {"seconds": 0.2}, project="p", lane=lane)
@@ -256,11 +260,11 @@ async def test_project_concurrency_bounds_its_runs_across_every_lane_but_fast_la
 
 
 async def test_fast_lane_runs_are_exempt_from_project_concurrency_and_key_limits(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
 ) -> None:
     app.execute(create_project("p", concurrency=1))
     app.set_key_policy("default", "p", max_running=1)
-    async with running_worker(app, "fast_lane:2 manual>*:2", shutdown_grace_seconds=0.5):
+    async with worker_of(app, "fast_lane:2 manual>*:2", shutdown_grace_seconds=0.5):
         occupying = app.enqueue("async_sleep", {"seconds": 30}, project="p")
         waiting = app.enqueue("noop", project="p")
         await wait_until(lambda: count(sql, "id = %s AND state = 'running'", [occupying.id]) == 1)
@@ -283,7 +287,7 @@ async def test_fast_lane_runs_are_exempt_from_project_concurrency_and_key_limits
 
 @pytest.mark.parametrize("hot_batches", [1, 8])
 async def test_cold_keys_are_served_before_a_hot_keys_backlog(
-    app: Tidegate, sql: psycopg.Connection, hot_batches: int
+    app: Tidegate, sql: psycopg.Connection, hot_batches: int, worker_of: WorkerOf
 ) -> None:
     hot = 20_000
     for _ in range(hot_batches):
@@ -292,7 +296,7 @@ async def test_cold_keys_are_served_before_a_hot_keys_backlog(
     for key in cold:
         app.enqueue_many([NewRun("noop", key=key) for _ in range(20)])
 
-    async with running_worker(app, "manual>*:4"):
+    async with worker_of(app, "manual>*:4"):
         await wait_until(
             lambda: count(sql, "key <> 'hot' AND state = 'succeeded'") == 1_000, 25, interval=0.1
         )
@@ -307,26 +311,28 @@ async def test_cold_keys_are_served_before_a_hot_keys_backlog(
 
 
 async def test_cold_key_is_next_in_line_when_every_run_has_the_same_priority(
-    app: Tidegate, sql: psycopg.Connection
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
 ) -> None:
     app.enqueue_many([NewRun("noop", key="hot", priority=5) for _ in range(2_000)])
     app.enqueue_many([NewRun("noop", key="cold", priority=5) for _ in range(3)])
 
-    async with running_worker(app, "manual>*:4"):
+    async with worker_of(app, "manual>*:4"):
         await wait_until(lambda: count(sql, "key = 'cold' AND state = 'succeeded'") == 3, 20)
 
     order = claimed_keys(sql)
     assert order.index("cold") < 10, order.index("cold")
 
 
-async def test_claims_are_shared_by_weight(app: Tidegate, sql: psycopg.Connection) -> None:
+async def test_claims_are_shared_by_weight(
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
+) -> None:
     weights = {"w1": 1, "w2": 2, "w4": 4}
     for key, weight in weights.items():
         app.set_key_policy("default", key, weight=weight)
     for key in weights:
         app.enqueue_many([NewRun("noop", key=key) for _ in range(3_000)])
 
-    async with running_worker(app, "manual>*:4"):
+    async with worker_of(app, "manual>*:4"):
         await wait_until(lambda: count(sql, "state = 'succeeded'") >= 3_000, 25, interval=0.1)
 
     shares = Counter(claimed_keys(sql)[:3_000])
@@ -340,10 +346,11 @@ async def test_key_that_was_idle_comes_back_without_banked_credit(
     settings: Settings,
     sql: psycopg.Connection,
     processes: list[subprocess.Popen[bytes]],
+    worker_mode: Remote | None,
 ) -> None:
     app.enqueue_many([NewRun("noop", key="b") for _ in range(5)])
     app.enqueue_many([NewRun("noop", key="a") for _ in range(6_000)])
-    worker = spawn_worker(settings, "manual>*:4")
+    worker = spawn_worker(settings, "manual>*:4", remote=worker_mode)
     processes.append(worker)
     # b is served and goes idle; a runs alone for a while.
     await wait_until(lambda: count(sql, "key = 'b' AND state = 'succeeded'") == 5, 20)
@@ -385,10 +392,11 @@ async def test_key_rate_limits_starts_per_second_with_its_burst(
     settings: Settings,
     sql: psycopg.Connection,
     processes: list[subprocess.Popen[bytes]],
+    worker_mode: Remote | None,
 ) -> None:
     rate, burst = 5, 2
     app.set_key_policy("default", "r", rate=rate, rate_burst=burst)
-    processes += [spawn_worker(settings, "manual>*:4") for _ in range(2)]
+    processes += [spawn_worker(settings, "manual>*:4", remote=worker_mode) for _ in range(2)]
     await wait_until(lambda: workers(sql) == 2, 20)
     app.enqueue_many([NewRun("record", key="r") for _ in range(30)])
     await wait_until(lambda: count(sql, "state = 'succeeded'") == 30, 25, interval=0.1)
@@ -412,6 +420,7 @@ async def test_low_priority_run_is_not_starved_by_a_stream_of_higher_priority_ru
     settings: Settings,
     sql: psycopg.Connection,
     processes: list[subprocess.Popen[bytes]],
+    worker_mode: Remote | None,
 ) -> None:
     keys = [f"s{i}" for i in range(4)]
 
@@ -420,7 +429,7 @@ async def test_low_priority_run_is_not_starved_by_a_stream_of_higher_priority_ru
 
     stream(100)
     last = app.enqueue("noop", key="k", priority=9)
-    processes.append(spawn_worker(settings, "manual>*:4"))
+    processes.append(spawn_worker(settings, "manual>*:4", remote=worker_mode))
     # The stream outpaces the one worker: its backlog grows while the worker drains.
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 20

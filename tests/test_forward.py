@@ -21,7 +21,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import running_worker, wait_until
+from tests.conftest import Remote, running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, create_project, create_trigger
 from tidegate import Discard, RunState, Tidegate
 from tidegate.forward import breaker_key_of, retry_after
@@ -173,6 +173,7 @@ async def test_forward_delivers_the_body_as_received_signed_with_the_listed_head
     sql: psycopg.Connection,
     downstream: Downstream,
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     trigger = await forward_to(
         client,
@@ -185,7 +186,7 @@ async def test_forward_delivers_the_body_as_received_signed_with_the_listed_head
     assert trigger["forward_secret_set"] is True
     assert "forward_secret" not in trigger and SECRET not in json.dumps(trigger)
     assert trigger["breaker_key"] == breaker_key_of(downstream.url)
-    start_worker_process("manual>*:2")
+    start_worker_process("manual>*:2", remote=worker_mode)
 
     response = await client.post(
         trigger["url"],
@@ -230,11 +231,12 @@ async def test_sync_forward_replies_with_the_endpoints_status_headers_and_body(
     sql: psycopg.Connection,
     downstream: Downstream,
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     trigger = await create_trigger(
         client, "acme", "quote", mode="sync", forward_url=downstream.url + "/ok"
     )
-    start_worker_process("fast_lane:1 manual>*:1")
+    start_worker_process("fast_lane:1 manual>*:1", remote=worker_mode)
 
     response = await client.post(
         trigger["url"], content=BODY, headers={"content-type": "application/json"}
@@ -267,9 +269,10 @@ async def test_429_with_retry_after_retries_after_it_without_spending_an_attempt
     sql: psycopg.Connection,
     downstream: Downstream,
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     trigger = await forward_to(client, downstream.url + "/busy")
-    start_worker_process("manual>*:1")
+    start_worker_process("manual>*:1", remote=worker_mode)
 
     run = await finished(sql, await send(client, trigger))
 
@@ -293,9 +296,10 @@ async def test_5xx_and_timeouts_fail_and_retry_with_backoff_until_discarded(
     start_worker_process: Callable[..., Any],
     path: str,
     error: str,
+    worker_mode: Remote | None,
 ) -> None:
     trigger = await forward_to(client, downstream.url + path, forward_timeout_seconds=0.5)
-    start_worker_process("manual>*:1")
+    start_worker_process("manual>*:1", remote=worker_mode)
 
     run = await finished(sql, await send(client, trigger))
 
@@ -311,9 +315,10 @@ async def test_404_is_discarded_at_once_with_the_response_kept(
     sql: psycopg.Connection,
     downstream: Downstream,
     start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
 ) -> None:
     trigger = await forward_to(client, downstream.url + "/missing")
-    start_worker_process("manual>*:1")
+    start_worker_process("manual>*:1", remote=worker_mode)
 
     run = await finished(sql, await send(client, trigger))
 

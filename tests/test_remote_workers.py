@@ -8,6 +8,7 @@ touches PostgreSQL; the test reads the tables to check what the API did for them
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import signal
@@ -24,6 +25,7 @@ import pytest
 from tests.conftest import ROOT, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, Tidegate
+from tidegate.ingress.signatures import verify
 
 
 @pytest.fixture
@@ -233,6 +235,68 @@ async def test_a_remote_fast_lane_slot_counts_for_admission_and_serves_sync_webh
     assert events == [({"half": True},)]
 
 
+async def test_a_forwarding_run_s_request_comes_signed_to_the_worker_that_holds_it(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    await create_project(client, "acme")
+    secret = "whsec_" + base64.b64encode(b"a forwarding secret of 32 bytes!").decode()
+    trigger = await create_trigger(
+        client,
+        "acme",
+        "relay",
+        mode="async",
+        forward_url="http://127.0.0.1:9/in",
+        forward_secret=secret,
+        forward_headers=["x-shop"],
+    )
+    sent = await client.post(
+        trigger["url"],
+        content=b'{"order": 7}',
+        headers={"content-type": "application/json", "x-shop": "s1", "x-other": "o"},
+    )
+    assert sent.status_code == 202, sent.text
+    token = await worker_token(client, "edge", ["default"])
+    worker = await RemoteWorker.register(client, token, "default:1", ["tidegate.forward"])
+    other = await RemoteWorker.register(client, token, "default:1", ["tidegate.forward"])
+    (run,) = await worker.claim(1)
+
+    path = f"/runs/{run['id']}/delivery"
+    answer = await client.get(f"/workers/{worker.id}{path}", params={"attempt": 1}, headers=token)
+    assert answer.status_code == 200, answer.text
+    delivery = answer.json()["delivery"]
+    body = base64.b64decode(delivery["body"])
+    assert (delivery["method"], delivery["url"], body) == (
+        "POST",
+        "http://127.0.0.1:9/in",
+        sent.request.content,
+    )
+    assert delivery["headers"]["x-shop"] == "s1" and "x-other" not in delivery["headers"]
+    assert delivery["headers"]["content-type"] == "application/json"
+    verify(secret, delivery["headers"], body)  # signed by the API
+    assert secret not in answer.text and secret.removeprefix("whsec_") not in answer.text
+    # Only the worker holding that attempt gets it.
+    assert_problem(
+        await client.get(f"/workers/{other.id}{path}", params={"attempt": 1}, headers=token), 409
+    )
+    assert_problem(
+        await client.get(f"/workers/{worker.id}{path}", params={"attempt": 2}, headers=token), 409
+    )
+    assert_problem(
+        await client.get(f"/workers/{worker.id}{path}", params={"attempt": 0}, headers=token), 422
+    )
+
+    # A trigger that stops forwarding: nothing to send, the worker discards the run.
+    cleared = await client.patch(
+        f"/admin/triggers/{trigger['id']}",
+        json={"forward_url": None, "task": "echo"},
+        headers=ADMIN,
+    )
+    assert cleared.status_code == 200, cleared.text
+    gone = await client.get(f"/workers/{worker.id}{path}", params={"attempt": 1}, headers=token)
+    assert gone.status_code == 200 and gone.json() == {"delivery": None}
+    assert state_of(sql, run["id"]) == ("running", 1)
+
+
 async def test_key_limits_hold_for_remote_claims(app: Tidegate, client: httpx.AsyncClient) -> None:
     app.set_key_policy("default", "tenant", max_running=1)
     token = await worker_token(client, "fleet", ["default"])
@@ -413,8 +477,9 @@ async def test_a_remote_worker_refused_by_the_api_says_so_in_one_line(
     api: ApiServer, tmp_path: Any
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
-    env.update(PYTHONPATH=str(ROOT), TIDEGATE_SERVER_URL=api.url, TIDEGATE_WORKER_TOKEN="tgw_wrong")
+    env.update(PYTHONPATH=str(ROOT))
     command = [sys.executable, "-m", "tidegate", "worker", "--app", "tests.apps:app"]
+    command += ["--server", api.url, "--token", "tgw_wrong"]  # short for --server-url ...
     done = subprocess.run(
         command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60
     )

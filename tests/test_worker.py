@@ -8,36 +8,14 @@ database, never on sleeps; each runs twice, with a local worker and with a remot
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.conftest import running_worker, wait_until
+from tests.conftest import WorkerOf, running_worker, wait_until
 from tidegate import NewRun, RunState, Tidegate, current_run
-from tidegate.worker.link import RemoteLink
-from tidegate.worker.runtime import Worker
-
-WorkerOf = Callable[..., contextlib.AbstractAsyncContextManager[Worker]]
-
-
-@pytest.fixture(params=["local", "remote"])
-def worker_of(request: pytest.FixtureRequest) -> WorkerOf:
-    """``worker_of(app, workloops, **options)``: a worker for the block, local, or remote
-    (a new link of ``remote_link`` per worker)."""
-    if request.param == "local":
-        return running_worker
-    make_link: Callable[[], RemoteLink] = request.getfixturevalue("remote_link")
-
-    def remote(
-        app: Tidegate, workloops: str, **options: Any
-    ) -> contextlib.AbstractAsyncContextManager[Worker]:
-        return running_worker(app, workloops, make_link(), **options)
-
-    return remote
 
 
 @pytest.fixture

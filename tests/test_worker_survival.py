@@ -3,7 +3,8 @@
 Each test makes the database refuse one kind of statement of a running worker (a
 trigger that raises, as a refused value or a revoked permission would), checks that the
 worker logs it and goes on serving what it can, then lifts the fault and checks that
-the worker recovers by itself, without a restart.
+the worker recovers by itself, without a restart. Each runs twice: with a local worker,
+and with a remote one, whose statements the API runs (the refusal reaches it as a 500).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import psycopg
 import pytest
 
-from tests.conftest import running_worker, wait_until
+from tests.conftest import Remote, WorkerOf, wait_until
 from tidegate import NewRun, Tidegate
 from tidegate.worker.services import Periodic
 
@@ -34,7 +35,11 @@ def states(sql: psycopg.Connection, where: str = "true") -> dict[str, int]:
 
 
 async def test_a_claim_the_database_refuses_is_retried_and_other_workloops_go_on(
-    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+    app: Tidegate,
+    sql: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+    worker_of: WorkerOf,
+    worker_mode: Remote | None,
 ) -> None:
     sql.execute(REFUSE)
     # Claims of the lane 'broken' fail; the workloop of 'default' is not affected.
@@ -43,7 +48,7 @@ async def test_a_claim_the_database_refuses_is_retried_and_other_workloops_go_on
         " WHEN (NEW.state = 'running' AND NEW.lane = 'broken') EXECUTE FUNCTION refuse()"
     )
     app.enqueue_many([NewRun("echo", {"i": i}, lane="broken") for i in range(5)])
-    async with running_worker(app, "broken:2 default:2"):
+    async with worker_of(app, "broken:2 default:2"):
         await wait_until(lambda: "claim failed" in caplog.text, 10)
         served = app.enqueue_many([NewRun("echo", {"i": i}) for i in range(20)])
         await wait_until(lambda: states(sql, "lane = 'default'") == {"succeeded": 20}, 10)
@@ -53,11 +58,15 @@ async def test_a_claim_the_database_refuses_is_retried_and_other_workloops_go_on
     assert len(served) == 20
     failures = [r for r in caplog.records if "claim failed" in r.getMessage()]
     assert failures and all(r.levelno == logging.ERROR for r in failures)
-    assert "[P0001] refused by the test" in failures[0].getMessage()
+    why = "[P0001] refused by the test" if worker_mode is None else "with 500: internal error"
+    assert why in failures[0].getMessage()
 
 
 async def test_an_outcome_the_database_refuses_holds_back_no_other_outcome(
-    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+    app: Tidegate,
+    sql: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+    worker_of: WorkerOf,
 ) -> None:
     sql.execute(REFUSE)
     # Completing a run of the key 'poison' as succeeded fails; every other write works.
@@ -67,7 +76,7 @@ async def test_an_outcome_the_database_refuses_holds_back_no_other_outcome(
     )
     poison = app.enqueue("echo", {"bad": True}, key="poison", max_attempts=2)
     app.enqueue_many([NewRun("echo", {"i": i}, key=f"k{i % 3}") for i in range(200)])
-    async with running_worker(app, "manual>*:8"):
+    async with worker_of(app, "manual>*:8"):
         await wait_until(lambda: states(sql, "key <> 'poison'") == {"succeeded": 200}, 20)
         # Never written, the poison run's lease lapses; it is rescued and, out of
         # attempts, discarded: the worker never stopped for it.
@@ -82,10 +91,13 @@ async def test_an_outcome_the_database_refuses_holds_back_no_other_outcome(
 
 
 async def test_a_heartbeat_the_database_refuses_is_retried_while_runs_go_on(
-    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+    app: Tidegate,
+    sql: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+    worker_of: WorkerOf,
 ) -> None:
     sql.execute(REFUSE)
-    async with running_worker(app, "manual>*:2") as worker:
+    async with worker_of(app, "manual>*:2") as worker:
         sql.execute(
             "CREATE TRIGGER refuse_beat BEFORE UPDATE ON workers FOR EACH ROW"
             " EXECUTE FUNCTION refuse()"
@@ -104,13 +116,16 @@ async def test_a_heartbeat_the_database_refuses_is_retried_while_runs_go_on(
 
 
 async def test_an_outcome_that_comes_after_its_run_left_the_worker_leaves_a_trace(
-    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+    app: Tidegate,
+    sql: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+    worker_of: WorkerOf,
 ) -> None:
     """As when a database crash loses a claim (the worker's commits are asynchronous):
     the run is available again while its handler still runs. It runs again, and the
     first execution's late outcome, not recorded, is noted in the run's errors."""
     run = app.enqueue("async_sleep", {"seconds": 1.0})
-    async with running_worker(app, "manual>*:1"):
+    async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: states(sql) == {"running": 1}, 10)
         sql.execute(
             "UPDATE runs SET state = 'available', attempt = 0, worker_id = NULL,"

@@ -113,7 +113,9 @@ class Tidegate:
         self.tasks: dict[str, Task] = {}
         # Every app can forward: a trigger's forward_url needs no code of the user's.
         self.tasks[forward.FORWARD_TASK] = Task(
-            forward.FORWARD_TASK, forward.handler(self.aexecute), timeout=None
+            forward.FORWARD_TASK,
+            forward.handler(lambda run: self.aexecute(forward.find_delivery(run.id))),
+            timeout=None,
         )
         self.schedules: dict[tuple[str, str], Declared] = {}
         """The schedules declared with ``periodic``, by (project, name)."""

@@ -28,7 +28,8 @@ caller's (``$reply``), as a proxy would pass it on; a 5xx or 429 also ends the r
 answer at all gives the caller 504 (timeout) or 502, as a gateway would.
 
 Every tidegate app registers the task (``Tidegate.__init__``), so any worker can take
-forwarding runs.
+forwarding runs; a remote worker gets each attempt's request from the API, signed there
+(the trigger's secret never leaves it).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import base64
 import email.utils
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,7 +51,7 @@ from tidegate.errors import InputError
 from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text
-from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, current_run
+from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, Run, current_run
 from tidegate.storage.sql import Statement, Steps
 
 FORWARD_TASK = "tidegate.forward"
@@ -156,18 +158,45 @@ def _token(name: str) -> bool:
     return all(c.isascii() and (c.isalnum() or c in "!#$%&'*+.^_`|~-") for c in name)
 
 
-def handler(execute: Callable[[Steps[Any]], Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    """Return the task's handler, reading the database through ``execute`` (the app's)."""
+@dataclass(frozen=True)
+class Delivery:
+    """The request an attempt sends: the body as received, the headers passed on and the
+    signature (made fresh for each attempt), where the trigger sends it now."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    body: bytes
+    timeout_seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        """What the API hands a remote worker (the secret stays on the API's side)."""
+        fields = asdict(self)
+        fields["body"] = base64.b64encode(self.body).decode()
+        return fields
+
+    @classmethod
+    def from_json(cls, fields: dict[str, Any]) -> Delivery:
+        return cls(**{**fields, "body": base64.b64decode(fields["body"])})
+
+
+FindDelivery = Callable[[Run], Awaitable[Delivery | None]]
+"""How a worker gets an attempt's delivery: from the database (``find_delivery``), or
+from the API (a remote worker's link)."""
+
+
+def handler(find: FindDelivery) -> Callable[..., Awaitable[Any]]:
+    """Return the task's handler, getting each attempt's request with ``find``."""
 
     async def forward(**_: Any) -> dict[str, Any]:
         run = current_run()
-        found = await execute(_find_forward(run.id))
-        if found is None or found["forward_url"] is None:
+        delivery = await find(run)
+        if delivery is None:
             raise Discard(f"run {run.id}: no request, or its trigger no longer forwards")
-        target = f"{found['forward_method']} {found['forward_url']}"
+        target = f"{delivery.method} {delivery.url}"
         sync = run.lane == FAST_LANE  # a sync trigger's caller waits for the answer
         try:
-            response, content = await _send(found)
+            response, content = await _send(delivery)
         except ForwardError as error:
             if not sync:
                 raise
@@ -192,15 +221,13 @@ def handler(execute: Callable[[Steps[Any]], Awaitable[Any]]) -> Callable[..., Aw
     return forward
 
 
-async def _send(found: dict[str, Any]) -> tuple[httpx.Response, bytes]:
-    """Send the request as received; return the answer and its body, read up to one byte
-    past what is kept (so the cut is known, and a huge body is never held).
-
-    One client per attempt, so the task holds nothing between runs: the price is a
-    connection (and TLS handshake) per delivery, which a client shared per worker would
-    save. The timeout bounds the whole exchange, not each read, so an endpoint that
-    trickles its answer cannot hold a slot longer.
-    """
+def find_delivery(run_id: int) -> Steps[Delivery | None]:
+    """Read the run's request and its trigger's forward settings; ``None`` when there is
+    no request or the trigger no longer forwards."""
+    rows = yield Statement("find_forward", {"run_id": run_id}, dict_row)
+    if not rows or rows[0]["forward_url"] is None:
+        return None
+    found = rows[0]
     body = bytes(found["body"])
     received = found["headers"] or {}
     headers = {name: received[name] for name in found["forward_headers"] if name in received}
@@ -214,12 +241,30 @@ async def _send(found: dict[str, Any]) -> tuple[httpx.Response, bytes]:
         headers["webhook-id"] = webhook_id
         headers["webhook-timestamp"] = str(timestamp)
         headers["webhook-signature"] = sign(found["forward_secret"], webhook_id, timestamp, body)
-    timeout = found["forward_timeout_seconds"]
-    target = f"{found['forward_method']} {found['forward_url']}"
+    return Delivery(
+        found["forward_method"],
+        found["forward_url"],
+        headers,
+        body,
+        float(found["forward_timeout_seconds"]),
+    )
+
+
+async def _send(delivery: Delivery) -> tuple[httpx.Response, bytes]:
+    """Send the request; return the answer and its body, read up to one byte past what
+    is kept (so the cut is known, and a huge body is never held).
+
+    One client per attempt, so the task holds nothing between runs: the price is a
+    connection (and TLS handshake) per delivery, which a client shared per worker would
+    save. The timeout bounds the whole exchange, not each read, so an endpoint that
+    trickles its answer cannot hold a slot longer.
+    """
+    timeout = delivery.timeout_seconds
+    target = f"{delivery.method} {delivery.url}"
     try:
         async with asyncio.timeout(timeout), httpx.AsyncClient(timeout=timeout) as client:
             request = client.build_request(
-                found["forward_method"], found["forward_url"], content=body, headers=headers
+                delivery.method, delivery.url, content=delivery.body, headers=delivery.headers
             )
             response = await client.send(request, stream=True)
             try:
@@ -302,8 +347,3 @@ def retry_after(value: str | None) -> float | None:
             when = when.replace(tzinfo=UTC)
         seconds = (when - datetime.now(UTC)).total_seconds()
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_SECONDS)
-
-
-def _find_forward(run_id: int) -> Steps[dict[str, Any] | None]:
-    rows = yield Statement("find_forward", {"run_id": run_id}, dict_row)
-    return dict(rows[0]) if rows else None

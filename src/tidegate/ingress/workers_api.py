@@ -20,6 +20,7 @@ guard (running, same attempt, same worker) means a worker completes only what it
   worker's completer makes them, ``POST /workers/{id}/complete`` (the Python worker's
   form, worker/link.py); ``POST /workers/{id}/stop`` hands back what it could not
   finish and removes the worker.
+- ``GET /workers/{id}/runs/{run_id}/delivery``: what a forwarding attempt sends, signed.
 """
 
 from __future__ import annotations
@@ -31,11 +32,12 @@ from collections.abc import Awaitable
 from typing import Annotated, Any, Literal
 
 import psycopg
-from fastapi import APIRouter, Depends, HTTPException, Path, Request, Response, Security
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from tidegate.errors import ConfigError, InputError
+from tidegate.forward import find_delivery
 from tidegate.ingress.auth import BEARER, WorkerCaller
 from tidegate.ingress.events import get_run
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
@@ -399,6 +401,26 @@ async def progress(
     event = {"run_id": run_id, "attempt": body.attempt, "data": data}
     await _write(ingress, worker_id, [], [event])
     return Response(status_code=204)
+
+
+@router.get("/{worker_id}/runs/{run_id}/delivery", responses={**NOT_YOURS, **NOT_HELD})
+async def delivery(
+    worker_id: WorkerId,
+    run_id: RunIdPath,
+    attempt: Annotated[int, Query(ge=1, le=32767)],
+    request: Request,
+    fleet: Fleet,
+) -> dict[str, Any]:
+    """The request a forwarding run's attempt sends (the built-in task
+    ``tidegate.forward``): method, URL, headers (signed here when the trigger has a
+    secret, which never leaves the API), body (base64) and timeout. ``delivery`` is null
+    when the run has no request or its trigger no longer forwards: the run is then
+    discarded."""
+    ingress: Ingress = request.app.state.ingress
+    await _own(ingress, fleet, worker_id)
+    await _held(ingress, worker_id, run_id, attempt)
+    found = await ingress.run(find_delivery(run_id))
+    return {"delivery": found.as_json() if found else None}
 
 
 @router.post("/{worker_id}/stop", responses=NOT_YOURS)

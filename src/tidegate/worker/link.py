@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from psycopg_pool import AsyncConnectionPool
 
+from tidegate.forward import Delivery
 from tidegate.runs import Run, run_row
 from tidegate.storage.migrate import check_schema
 from tidegate.storage.sql import query
@@ -31,6 +32,11 @@ Rows = list[tuple[Any, ...]]
 
 REQUEST_SECONDS = 30.0
 """How long a call to the API may take, beyond a claim's own long poll."""
+PASSING_STATUSES = frozenset({408, 429, 502, 503, 504})
+"""Answers that say "not now" (the API, or a proxy before it, is overloaded, restarting
+or cannot reach the database): the call is retried. A 500 is a refusal like any 4xx (a
+statement the database refused, or a bug): a completer retrying it would hold back
+every other outcome behind it."""
 
 
 class DatabaseLink:
@@ -101,7 +107,7 @@ class RemoteLink:
             "tasks": sorted(worker.tasks),
             "host": worker.id,
         }
-        registered = await self._post("/workers", body)
+        registered = await self._call("POST", "/workers", body)
         worker.id = registered["worker_id"]
         self.path = f"/workers/{registered['worker_id']}"
         worker.heartbeat.interval = min(
@@ -115,13 +121,13 @@ class RemoteLink:
             "demand": params["demand"],
             "wait_seconds": self.poll_seconds,
         }
-        answer = await self._post(f"{self.path}/claim", body)
+        answer = await self._call("POST", f"{self.path}/claim", body)
         return [Run.from_json(run) for run in answer["runs"]]
 
     async def complete(self, params: dict[str, Any]) -> Rows:
         """The rows ``complete_runs`` returns: recorded ids, then breaker changes."""
         body = {"outcomes": json.loads(params["outcomes"]), "events": json.loads(params["events"])}
-        answer = await self._post(f"{self.path}/complete", body)
+        answer = await self._call("POST", f"{self.path}/complete", body)
         rows: Rows = [(run_id, None, None, None) for run_id in answer["recorded"]]
         rows += [(None, b["lane"], b["key"], b["change"]) for b in answer["breakers"]]
         return rows
@@ -131,20 +137,28 @@ class RemoteLink:
 
     async def beat(self, params: dict[str, Any]) -> None:
         body = {"run_ids": params["run_ids"], "counters": json.loads(params["counters"])}
-        await self._post(f"{self.path}/heartbeat", body)
+        await self._call("POST", f"{self.path}/heartbeat", body)
 
     async def leave(self, worker_id: str, handed_back: list[int], channel: str) -> None:
-        await self._post(f"{self.path}/stop", {"hand_back": handed_back})
+        await self._call("POST", f"{self.path}/stop", {"hand_back": handed_back})
+
+    async def delivery(self, run: Run) -> Delivery | None:
+        """The request a forwarding attempt sends, as the API reads and signs it."""
+        path = f"{self.path}/runs/{run.id}/delivery"
+        answer = await self._call("GET", path, params={"attempt": run.attempt})
+        return Delivery.from_json(answer["delivery"]) if answer["delivery"] else None
 
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
-        """POST ``body``; the answer's JSON, or ``LinkError`` (transient: the API is
+    async def _call(
+        self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
+    ) -> Any:
+        """Call the API; the answer's JSON, or ``LinkError`` (transient: the API is
         unreachable, overloaded or restarting; else it refused the call)."""
         base = self.client.base_url
         try:
-            response = await self.client.post(path, json=body)
+            response = await self.client.request(method, path, json=body, params=params)
         except httpx.TransportError as error:
             raise LinkError(f"cannot reach the API at {base}: {error!r}", transient=True) from None
         if response.status_code >= 400:
@@ -155,6 +169,6 @@ class RemoteLink:
             status = response.status_code
             raise LinkError(
                 f"the API at {base} answered {path} with {status}: {title}",
-                transient=status in (408, 429) or status >= 500,
+                transient=status in PASSING_STATUSES,
             )
         return response.json() if response.content else None

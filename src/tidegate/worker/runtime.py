@@ -34,10 +34,11 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from tidegate.app import Tidegate
-from tidegate.forward import FORWARD_TASK
+from tidegate.forward import FORWARD_TASK, handler
 from tidegate.lanes import BUILTIN_LANES, WorkloopSpec, chain_admits
 from tidegate.runs import Run, RunState, _progress, run_row
 from tidegate.settings import Settings
@@ -275,9 +276,9 @@ class Worker:
         """Set at shutdown: workloops stop claiming."""
         self.tasks = dict(app.tasks)
         """The tasks this worker runs: its app's, as they were when it was made (a remote
-        worker's without the built-in forwarding, which reads the database)."""
+        worker's built-in forwarding gets its requests from the API)."""
         if isinstance(link, RemoteLink):
-            self.tasks.pop(FORWARD_TASK, None)
+            self.tasks[FORWARD_TASK] = replace(self.tasks[FORWARD_TASK], fn=handler(link.delivery))
         self.live_seconds = 3 * self.settings.heartbeat_seconds
         """How recently a worker must have beaten to count as alive."""
         self.came_up_short = False
