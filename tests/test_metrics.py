@@ -225,7 +225,8 @@ async def test_attempts_and_durations_count_what_the_workers_finished(
         + [NewRun("retry_once", lane="manual"), NewRun("cancel_me")]
     )
     async with running_worker(app, "manual>*:4"):
-        # Cancelled while its handler runs: the worker's outcome then comes late.
+        # Cancelled while its handler runs: the worker stops it at its next heartbeat,
+        # and counts the attempt late.
         sleeper = app.enqueue("async_sleep", {"seconds": 1.0})
         await wait_until(lambda: app.get_run(sleeper.id).state is RunState.RUNNING)  # type: ignore[union-attr]
         app.cancel(sleeper.id)

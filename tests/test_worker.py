@@ -163,6 +163,35 @@ async def test_cancel_from_a_handler_ends_the_run_cancelled(
     assert [e["error"] for e in done.errors] == ["Cancel: not needed any more"]
 
 
+async def test_a_run_cancelled_while_its_async_handler_runs_stops_it_and_frees_the_slot(
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = app.enqueue("async_sleep_record", {"seconds": 60})
+    async with worker_of(app, "manual>*:1"):
+        await wait_until(lambda: state_of(app, run.id) is RunState.RUNNING, 10)
+        app.cancel(run.id)
+        # The next heartbeat (every 0.5 s) finds the lease not renewed and cancels the
+        # handler, which records when it stopped; its one slot takes the next run.
+        await wait_until(lambda: executions(sql, run.id) == 1, 10)
+        after = app.enqueue("echo", {"n": 1})
+        await wait_until(lambda: state_of(app, after.id) is RunState.SUCCEEDED, 10)
+
+    (ran_for,) = sql.execute(
+        "SELECT extract(epoch FROM finished_at - started_at) FROM executions"
+    ).fetchone() or (None,)
+    assert ran_for is not None and ran_for < 10
+    done = app.get_run(run.id)
+    assert done is not None and done.state is RunState.CANCELLED
+    assert done.errors == []  # no outcome came after the cancel: nothing noted late
+    assert f"run {run.id} (task async_sleep_record) attempt 1 is no longer" in caplog.text
+
+
+def executions(sql: psycopg.Connection, run_id: int) -> int:
+    row = sql.execute("SELECT count(*) FROM executions WHERE run_id = %s", [run_id]).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def test_attempt_over_the_task_timeout_is_discarded_with_a_timeout_error(
     app: Tidegate,
     worker_of: WorkerOf,

@@ -115,16 +115,20 @@ async def test_a_heartbeat_the_database_refuses_is_retried_while_runs_go_on(
         await wait_until(beating, 10)
 
 
-async def test_an_outcome_that_comes_after_its_run_left_the_worker_leaves_a_trace(
+@pytest.mark.parametrize("task", ["sleep", "async_sleep_record"])
+async def test_a_handler_whose_run_left_the_worker_is_stopped_or_its_outcome_noted(
     app: Tidegate,
     sql: psycopg.Connection,
     caplog: pytest.LogCaptureFixture,
     worker_of: WorkerOf,
+    task: str,
 ) -> None:
     """As when a database crash loses a claim (the worker's commits are asynchronous):
-    the run is available again while its handler still runs. It runs again, and the
-    first execution's late outcome, not recorded, is noted in the run's errors."""
-    run = app.enqueue("async_sleep", {"seconds": 1.0})
+    the run is available again while its handler still runs. The next heartbeat, which
+    does not renew its lease, tells the worker: an async handler is cancelled there; a
+    sync one cannot be, and its late outcome, not recorded, is noted in the run's errors.
+    The run runs again either way."""
+    run = app.enqueue(task, {"seconds": 1.5})
     async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: states(sql) == {"running": 1}, 10)
         sql.execute(
@@ -135,12 +139,21 @@ async def test_an_outcome_that_comes_after_its_run_left_the_worker_leaves_a_trac
         await wait_until(lambda: states(sql) == {"succeeded": 1}, 10)
     finished = app.get_run(run.id)
     assert finished is not None and finished.attempt == 1
-    assert [e["error"].split(":")[0] for e in finished.errors] == ["late outcome"]
-    assert "ended (succeeded) on worker" in finished.errors[0]["error"]
-    assert any(
-        r.levelno == logging.WARNING and f"run {run.id}: the outcome of attempt 1" in r.getMessage()
-        for r in caplog.records
-    )
+    spans = sql.execute(
+        "SELECT extract(epoch FROM finished_at - started_at) FROM executions ORDER BY started_at"
+    ).fetchall()
+    assert len(spans) == 2  # it ran twice
+    if task == "sleep":
+        assert [e["error"].split(":")[0] for e in finished.errors] == ["late outcome"]
+        assert "ended (succeeded) on worker" in finished.errors[0]["error"]
+        assert any(
+            r.levelno == logging.WARNING
+            and f"run {run.id}: the outcome of attempt 1" in r.getMessage()
+            for r in caplog.records
+        )
+    else:
+        assert finished.errors == []
+        assert spans[0][0] < 1.5  # the first execution was stopped
 
 
 async def test_a_service_stops_even_when_a_library_swallows_its_cancellation() -> None:

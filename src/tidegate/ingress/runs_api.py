@@ -172,7 +172,8 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
 
 @router.post("/{run_id}/cancel", responses={**A_RUN, **NOT_FOUND, **CONFLICT})
 async def cancel_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
-    """Cancel a run that has not finished (a running attempt is not interrupted)."""
+    """Cancel a run that has not finished. A running attempt's worker learns it at its
+    next heartbeat: an async handler is cancelled, a sync one's outcome is not recorded."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
     cancelled = await ingress.run(cancel_steps(ingress, run_id))

@@ -107,6 +107,11 @@ class Counters(Tallies[Series]):
         """Count one finished attempt whose handler ran for ``seconds``."""
         self.tally((run.task, run.lane, outcome_label(outcome, recorded))).observe(seconds)
 
+    def stopped(self, run: Run, seconds: float) -> None:
+        """Count an attempt whose handler was stopped when its run left the worker: as a
+        late outcome, which it would have been."""
+        self.tally((run.task, run.lane, "late")).observe(seconds)
+
     def claimed(self, runs: Iterable[Run]) -> None:
         """Count claimed runs with how long each waited from due to claimed."""
         for run in runs:

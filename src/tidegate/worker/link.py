@@ -72,8 +72,10 @@ class DatabaseLink:
     async def note_late(self, params: dict[str, Any]) -> None:
         await fetch(self.pool, "note_late_outcomes", params)
 
-    async def beat(self, params: dict[str, Any]) -> None:
-        await fetch(self.pool, "beat_worker", params)
+    async def beat(self, params: dict[str, Any]) -> list[int]:
+        """Renew the worker's row and its runs' leases; return the runs renewed."""
+        rows = await fetch(self.pool, "beat_worker", params)
+        return list(rows[0][0])
 
     async def leave(self, worker_id: str, handed_back: list[int], channel: str) -> None:
         """Hand back the runs it will not finish, and remove the worker's row."""
@@ -135,9 +137,10 @@ class RemoteLink:
     async def note_late(self, params: dict[str, Any]) -> None:
         """Nothing to do: the API notes late outcomes in their runs as it refuses them."""
 
-    async def beat(self, params: dict[str, Any]) -> None:
+    async def beat(self, params: dict[str, Any]) -> list[int]:
         body = {"run_ids": params["run_ids"], "counters": json.loads(params["counters"])}
-        await self._call("POST", f"{self.path}/heartbeat", body)
+        answer = await self._call("POST", f"{self.path}/heartbeat", body)
+        return list(answer["renewed"])
 
     async def leave(self, worker_id: str, handed_back: list[int], channel: str) -> None:
         await self._call("POST", f"{self.path}/stop", {"hand_back": handed_back})

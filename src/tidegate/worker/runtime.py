@@ -91,6 +91,11 @@ class Workloop(Service):
         runs until their outcome is written."""
         self.runs: dict[int, Run] = {}
         """The runs of ``running``, by id."""
+        self.handling: set[int] = set()
+        """The runs of ``running`` whose handlers execute now."""
+        self.lost: set[int] = set()
+        """Runs that left this worker while their handlers executed (cancelled, or
+        rescued after their leases lapsed): their async handlers are being stopped."""
         self.unwritten = 0
         """Outcomes of this workloop's runs that wait to be written (their leases are
         renewed meanwhile)."""
@@ -189,7 +194,21 @@ class Workloop(Service):
         started = time.monotonic()
         _progress.set(worker.completer)  # in this run's task's own context
         with span("execute", **run.fields) as executing:
-            outcome = await execute(run, worker.tasks[run.task], worker.executor, worker.settings)
+            self.handling.add(run.id)
+            try:
+                outcome = await execute(
+                    run, worker.tasks[run.task], worker.executor, worker.settings
+                )
+            except asyncio.CancelledError:
+                if run.id not in self.lost:
+                    raise  # the shutdown's: the run is handed back
+                executing.note(outcome="late")
+                worker.counters.stopped(run, time.monotonic() - started)
+                self.lost.discard(run.id)
+                self.free_slot(run)
+                return
+            finally:
+                self.handling.discard(run.id)
             label = outcome_label(outcome, recorded=True)
             executing.note(outcome=label)
             if outcome.message is not None:
@@ -206,9 +225,35 @@ class Workloop(Service):
             counted(await stored)
         else:
             worker.completer.add(outcome, counted)
+        self.free_slot(run)
+
+    def free_slot(self, run: Run) -> None:
         del self.running[run.id], self.runs[run.id]
         if self.backlog:
             self.wake.set()
+
+    def stop_lost(self, run_id: int) -> None:
+        """Stop the handler of a run that is no longer this worker's: an async one is
+        cancelled (no outcome is written: the run has one already, or another worker's
+        attempt will give it one); a thread cannot be stopped, its outcome comes late."""
+        if run_id not in self.handling or run_id in self.lost:
+            return
+        run = self.runs[run_id]
+        self.lost.add(run_id)
+        is_async = self.worker.tasks[run.task].is_async
+        log.warning(
+            "run %d (task %s) attempt %d is no longer this worker's (cancelled, or its "
+            "lease lapsed and it was rescued): %s",
+            run.id,
+            run.task,
+            run.attempt,
+            "its handler is cancelled"
+            if is_async
+            else "its sync handler cannot be stopped, and its outcome will not be recorded",
+            extra=run.fields,
+        )
+        if is_async:
+            self.running[run_id].cancel()
 
     def written(self, run: Run, outcome: Outcome, seconds: float, recorded: bool) -> None:
         """Count an attempt once its outcome is written (or given up)."""
@@ -515,9 +560,10 @@ class Worker:
         ]
         held = [run_id for loop in self.workloops for run_id in loop.running]
         held += list(self.completer.pending)
+        handling = {run_id: loop for loop in self.workloops for run_id in loop.handling}
         counted = self.counters.take()
         try:
-            await self.link.beat(
+            renewed = await self.link.beat(
                 {
                     "worker_id": self.id,
                     "host": socket.gethostname(),
@@ -533,6 +579,11 @@ class Worker:
         except BaseException:  # not written: the next beat (or the stop) writes them
             self.counters.restore(counted)
             raise
+        # A run whose handler executed before the beat and whose lease was not renewed
+        # has left this worker (its outcome, written meanwhile, would have taken it out
+        # of ``handling``).
+        for run_id in handling.keys() - set(renewed):
+            handling[run_id].stop_lost(run_id)
         return False
 
     async def rescue(self, params: dict[str, Any]) -> bool:

@@ -1,5 +1,6 @@
--- Cancel a run that has not finished. A running attempt is not interrupted; its
--- completion then finds the run no longer running and writes nothing, so the cancel
+-- Cancel a run that has not finished. A running attempt's worker finds at its next
+-- heartbeat that the lease was not renewed and cancels an async handler; a completion
+-- that comes anyway finds the run no longer running and writes nothing, so the cancel
 -- is the run's final transition: a fast-lane run, or a watched one, NOTIFYs its id here,
 -- for the caller waiting on it, as a completion would.
 WITH cancelled AS (
