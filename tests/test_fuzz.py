@@ -26,6 +26,8 @@ from schemathesis.checks import not_a_server_error, status_code_conformance
 from tests.http_fixtures import ADMIN, ApiServer, counts
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
+REMOTE_TASK = "fuzz.remote"
+"""The task of the remote worker's runs: no local worker has it."""
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -60,19 +62,46 @@ def seed(server: ApiServer) -> dict[str, Any]:
             json={"name": "nightly", "task": "echo", "cron": "30 2 * * *"},
         )
         assert schedule.status_code == 201, schedule.text
+        fleet = client.post("/admin/worker-tokens", json={"name": "fleet", "lanes": ["*"]})
+        assert fleet.status_code == 201, fleet.text
+        worker_token = {"Authorization": f"Bearer {fleet.json()['token']}"}
+        worker_id = register(server, worker_token)
+        # Runs of a task only the remote worker has (the local one would take them), for
+        # its claims, outcomes and progress to meet.
+        remote = client.post(
+            "/admin/projects/acme/triggers",
+            json={"name": "remote", "mode": "async", "task": REMOTE_TASK},
+        )
+        assert remote.status_code == 201, remote.text
+        for n in range(50):
+            sent = client.post(remote.json()["url"], json={"n": n})
+            assert sent.status_code == 202, sent.text
+        claimed = client.post(
+            f"/workers/{worker_id}/claim", json={"workloop": 0, "demand": 2}, headers=worker_token
+        )
+        assert claimed.status_code == 200 and len(claimed.json()["runs"]) == 2, claimed.text
         return {
             "token": project.json()["token"],
             "url": trigger.json()["url"],
             "trigger_id": trigger.json()["id"],
+            "worker_token": fleet.json()["token"],
+            "worker_id": worker_id,
         }
 
 
-@pytest.mark.parametrize("caller", ["admin", "project"])
+@pytest.mark.parametrize("caller", ["admin", "project", "worker"])
 def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
     server: ApiServer, caller: str
 ) -> None:
+    """The super admin's and a project's token meet every operation; a worker token the
+    remote worker protocol's (``/workers``), aimed at a registered worker that holds
+    runs."""
     seeded = seed(server)
-    token = ADMIN if caller == "admin" else {"Authorization": f"Bearer {seeded['token']}"}
+    token = {
+        "admin": ADMIN,
+        "project": {"Authorization": f"Bearer {seeded['token']}"},
+        "worker": {"Authorization": f"Bearer {seeded['worker_token']}"},
+    }[caller]
     real_rows: dict[str, dict[str, Any]] = {
         "/admin/projects/{project_id}": {"project_id": "acme"},
         "/admin/triggers/{trigger_id}": {"trigger_id": seeded["trigger_id"]},
@@ -81,6 +110,9 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
     schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 12
+    if caller == "worker":
+        operations = [op for op in operations if op.path.startswith("/workers")]
+        assert len(operations) >= 8
     for operation in operations:
 
         @FUZZ
@@ -89,6 +121,17 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
             if case.method in ("GET", "PATCH") and case.path in real_rows:
                 # Random ids and names only meet 404s: aim the bodies at the seeded rows.
                 case.path_parameters = real_rows[case.path]
+            if caller == "worker" and "worker_id" in (case.path_parameters or {}):
+                # A stop removes its worker: each stop gets a new one.
+                stopping = case.path.endswith("/stop")
+                case.path_parameters["worker_id"] = (
+                    register(server, token) if stopping else seeded["worker_id"]
+                )
+                if case.path.endswith("/claim") and isinstance(case.body, dict):
+                    # A valid long poll (the default one too) is kept short.
+                    wait = case.body.get("wait_seconds", 30)
+                    if isinstance(wait, int | float) and 1 < wait <= 60:
+                        case.body["wait_seconds"] = 1
             case.call_and_validate(
                 base_url=server.url,
                 headers=token,
@@ -99,6 +142,15 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
     assert httpx.get(server.url + "/healthz", timeout=5).status_code == 200, (
         "the server stopped answering"
     )
+
+
+def register(server: ApiServer, token: dict[str, str]) -> str:
+    """Register a remote worker of ``REMOTE_TASK`` with two slots; return its id."""
+    body = {"workloops": "default:2", "tasks": [REMOTE_TASK]}
+    registered = httpx.post(server.url + "/workers", json=body, headers=token, timeout=20)
+    assert registered.status_code == 201, registered.text
+    worker_id: str = registered.json()["worker_id"]
+    return worker_id
 
 
 CONTENT_TYPES = [

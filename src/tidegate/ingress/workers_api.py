@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
@@ -61,6 +61,7 @@ from tidegate.remote import (
 )
 from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
+from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.execute import reported_outcome
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
 
@@ -142,7 +143,12 @@ class Counted(BaseModel):
     ]
     attempts: int = Field(ge=0, le=MAX_COUNT)
     seconds: float = Field(ge=0, le=1e12, allow_inf_nan=False)
-    buckets: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(max_length=64)
+    buckets: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(
+        min_length=len(DURATION_BUCKETS) + 1,
+        max_length=len(DURATION_BUCKETS) + 1,
+        description="How many of the attempts took up to each bound of the histogram "
+        f"(seconds: {', '.join(map(str, DURATION_BUCKETS))}), then longer.",
+    )
 
 
 class Heartbeat(BaseModel):
@@ -151,6 +157,15 @@ class Heartbeat(BaseModel):
     run_ids: list[RunId] = Field(default_factory=list, max_length=10_000)
     """The runs it holds: their leases are renewed. A run it does not name lapses."""
     counters: list[Counted] = Field(default_factory=list, max_length=10_000)
+    """One row per (task, lane, outcome)."""
+
+    @field_validator("counters")
+    @classmethod
+    def one_row_per_series(cls, counters: list[Counted]) -> list[Counted]:
+        series = [(c.task, c.lane, c.outcome) for c in counters]
+        if len(set(series)) < len(series):
+            raise ValueError("counters: one row per (task, lane, outcome)")
+        return counters
 
 
 class OutcomeRow(BaseModel):
