@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,9 +23,10 @@ import pytest
 
 from tests.conftest import Remote, running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, create_project, create_trigger
-from tidegate import Discard, RunState, Tidegate
+from tidegate import Discard, Run, RunState, Tidegate, forward
 from tidegate.forward import breaker_key_of, retry_after
 from tidegate.ingress.signatures import verify
+from tidegate.policies import set_key_policy
 
 SECRET = "whsec_" + base64.b64encode(b"the forwarding secret, 32 bytes!").decode()
 BODY = b'{"order":  7,\n "note": "caf\\u00e9 \xe2\x98\x95"}'
@@ -430,3 +431,31 @@ async def test_discard_from_a_handler_ends_the_run_at_once_with_its_details(
     [entry] = done.errors
     assert entry["error"] == "Discard: the other side refused it"
     assert entry["details"] == {"status": 422}
+
+
+async def test_a_request_that_cannot_be_read_is_sent_again_later_with_no_attempt_spent(
+    app: Tidegate, sql: psycopg.Connection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database or the API (a remote worker's) out of reach is not the endpoint
+    failing: the attempt is given back, and its breaker counts nothing."""
+    reads: list[int] = []
+
+    async def unreachable(run: Run) -> None:
+        reads.append(run.attempt)
+        if len(reads) < 3:
+            raise OSError("the API cannot be reached")
+        return None  # then it is read: the trigger no longer forwards
+
+    monkeypatch.setattr(forward, "FIND_RETRY_SECONDS", 0.05)
+    task = app.tasks[forward.FORWARD_TASK]
+    app.tasks[forward.FORWARD_TASK] = replace(task, fn=forward.handler(unreachable))
+    app.execute(set_key_policy("default", "k", breaker_failures=1))
+    run = app.enqueue(forward.FORWARD_TASK, key="k", max_attempts=1)
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: app.get_run(run.id).state.finished, 10)  # type: ignore[union-attr]
+
+    done = app.get_run(run.id)
+    assert done is not None and reads == [1, 2, 3]
+    assert (done.state, done.attempt, done.max_attempts) == (RunState.DISCARDED, 3, 3)
+    assert [e["error"].split(":")[0] for e in done.errors] == ["Discard"]
+    assert sql.execute("SELECT count(*) FROM key_breakers").fetchone() == (0,)

@@ -20,7 +20,10 @@ other 3xx and 4xx       discarded at once (``Discard``), the response in its err
 ======================  ===============================================================
 
 Every failure above counts for the circuit breaker of the run's key, which is the
-trigger's breaker key (the destination unless the trigger names another).
+trigger's breaker key (the destination unless the trigger names another). An attempt
+that cannot read its request (the database, or a remote worker's API, out of reach) is
+not the endpoint's failure: it is given back and tried again ``FIND_RETRY_SECONDS``
+later, no attempt spent, nothing counted.
 
 A sync trigger's caller is waiting: every answer the endpoint gives becomes the
 caller's (``$reply``), as a proxy would pass it on; a 5xx or 429 also ends the run
@@ -37,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import email.utils
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -51,8 +55,10 @@ from tidegate.errors import InputError
 from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text
-from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, Run, current_run
+from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, Retry, Run, current_run
 from tidegate.storage.sql import Statement, Steps
+
+log = logging.getLogger("tidegate.forward")
 
 FORWARD_TASK = "tidegate.forward"
 METHODS = ("POST", "PUT", "PATCH")
@@ -65,6 +71,8 @@ MAX_KEPT_BODY_BYTES = 64 * 1024
 MAX_RETRY_AFTER_SECONDS = 3600.0
 """A longer Retry-After is cut to this: a downstream cannot park a run for days."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
+FIND_RETRY_SECONDS = 5.0
+"""When an attempt cannot read its request (the database or the API is unreachable)."""
 
 HOP_BY_HOP = frozenset(
     {
@@ -190,7 +198,17 @@ def handler(find: FindDelivery) -> Callable[..., Awaitable[Any]]:
 
     async def forward(**_: Any) -> dict[str, Any]:
         run = current_run()
-        delivery = await find(run)
+        try:
+            delivery = await find(run)
+        except Exception as error:  # the database, or the API: not the endpoint's doing
+            log.warning(
+                "run %d: its request could not be read, sent again in %.0fs: %s",
+                run.id,
+                FIND_RETRY_SECONDS,
+                error,
+            )
+            # Given back, not failed: no attempt spent, nothing counted for the breaker.
+            raise Retry(FIND_RETRY_SECONDS) from error
         if delivery is None:
             raise Discard(f"run {run.id}: no request, or its trigger no longer forwards")
         target = f"{delivery.method} {delivery.url}"
