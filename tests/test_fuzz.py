@@ -62,12 +62,23 @@ def seed(server: ApiServer) -> dict[str, Any]:
             json={"name": "nightly", "task": "echo", "cron": "30 2 * * *"},
         )
         assert schedule.status_code == 201, schedule.text
+        return {
+            "token": project.json()["token"],
+            "url": trigger.json()["url"],
+            "trigger_id": trigger.json()["id"],
+        }
+
+
+def seed_fleet(server: ApiServer) -> tuple[dict[str, str], str]:
+    """A worker token, and a remote worker of it that holds runs of a task only it has
+    (the local worker would take them), for its claims, outcomes and progress to meet.
+    Only for the worker token's fuzzing: a run that never ends is an endless event
+    stream to a generated ``GET /runs/{id}/events``."""
+    with httpx.Client(base_url=server.url, headers=ADMIN, timeout=20) as client:
         fleet = client.post("/admin/worker-tokens", json={"name": "fleet", "lanes": ["*"]})
         assert fleet.status_code == 201, fleet.text
-        worker_token = {"Authorization": f"Bearer {fleet.json()['token']}"}
-        worker_id = register(server, worker_token)
-        # Runs of a task only the remote worker has (the local one would take them), for
-        # its claims, outcomes and progress to meet.
+        token = {"Authorization": f"Bearer {fleet.json()['token']}"}
+        worker_id = register(server, token)
         remote = client.post(
             "/admin/projects/acme/triggers",
             json={"name": "remote", "mode": "async", "task": REMOTE_TASK},
@@ -77,16 +88,10 @@ def seed(server: ApiServer) -> dict[str, Any]:
             sent = client.post(remote.json()["url"], json={"n": n})
             assert sent.status_code == 202, sent.text
         claimed = client.post(
-            f"/workers/{worker_id}/claim", json={"workloop": 0, "demand": 2}, headers=worker_token
+            f"/workers/{worker_id}/claim", json={"workloop": 0, "demand": 2}, headers=token
         )
         assert claimed.status_code == 200 and len(claimed.json()["runs"]) == 2, claimed.text
-        return {
-            "token": project.json()["token"],
-            "url": trigger.json()["url"],
-            "trigger_id": trigger.json()["id"],
-            "worker_token": fleet.json()["token"],
-            "worker_id": worker_id,
-        }
+        return token, worker_id
 
 
 @pytest.mark.parametrize("caller", ["admin", "project", "worker"])
@@ -97,11 +102,9 @@ def test_no_generated_request_gets_a_5xx_or_an_undocumented_status(
     remote worker protocol's (``/workers``), aimed at a registered worker that holds
     runs."""
     seeded = seed(server)
-    token = {
-        "admin": ADMIN,
-        "project": {"Authorization": f"Bearer {seeded['token']}"},
-        "worker": {"Authorization": f"Bearer {seeded['worker_token']}"},
-    }[caller]
+    token = ADMIN if caller == "admin" else {"Authorization": f"Bearer {seeded['token']}"}
+    if caller == "worker":
+        token, seeded["worker_id"] = seed_fleet(server)
     real_rows: dict[str, dict[str, Any]] = {
         "/admin/projects/{project_id}": {"project_id": "acme"},
         "/admin/triggers/{trigger_id}": {"trigger_id": seeded["trigger_id"]},

@@ -115,6 +115,33 @@ async def test_a_heartbeat_the_database_refuses_is_retried_while_runs_go_on(
         await wait_until(beating, 10)
 
 
+async def test_a_worker_whose_outcomes_cannot_be_written_still_stops_after_its_grace(
+    app: Tidegate,
+    sql: psycopg.Connection,
+    caplog: pytest.LogCaptureFixture,
+    worker_of: WorkerOf,
+) -> None:
+    """An outage that lasts (here: every completion answered as a deadlock, which is
+    retried) must not keep a stopping worker alive: it gives up after its grace, says
+    which runs, and they are rescued as a dead worker's would be."""
+    sql.execute(REFUSE.replace("'P0001'", "'40P01'"))
+    sql.execute(
+        "CREATE TRIGGER refuse_outcome BEFORE UPDATE ON runs FOR EACH ROW"
+        " WHEN (NEW.state = 'succeeded') EXECUTE FUNCTION refuse()"
+    )
+    run = app.enqueue("echo", {"n": 1})
+    clock = asyncio.get_running_loop().time
+    async with worker_of(app, "manual>*:1", shutdown_grace_seconds=1):
+        await wait_until(lambda: "completer: database unavailable" in caplog.text, 10)
+        stopping = clock()
+    assert clock() - stopping < 10
+    assert (
+        f"1 outcome(s) could not be written within 1s of the shutdown, given up: run(s) {run.id}"
+        in caplog.text
+    )
+    assert states(sql) == {"running": 1}  # its lease lapses, and a rescuer takes it
+
+
 @pytest.mark.parametrize("task", ["sleep", "async_sleep_record"])
 async def test_a_handler_whose_run_left_the_worker_is_stopped_or_its_outcome_noted(
     app: Tidegate,

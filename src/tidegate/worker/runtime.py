@@ -518,7 +518,8 @@ class Worker:
         # leases until the handlers have returned or stopped.
         await asyncio.gather(*in_flight.values(), return_exceptions=True)
         handed_back = [run_id for run_id, task in in_flight.items() if task.cancelled()]
-        await self.completer.drain()
+        # Bounded: a database (or API) that stays down must not keep the worker alive.
+        await self.completer.drain(self.settings.shutdown_grace_seconds)
         for service in self.services:
             await service.stop()
         try:

@@ -373,12 +373,27 @@ class Completer(Service):
                     _log_breaker(lane, key, change)
             return {row[0] for row in rows if row[0] is not None}
 
-    async def drain(self) -> None:
-        """Wait until every outcome added has been written, then stop."""
-        if self.task is None or self.task.done():  # not started, or ended by a bug
-            while self.queue or self.events:
-                await self.write(*self._take())
-        await self.settled.wait()
+    async def drain(self, timeout: float) -> None:
+        """Wait until every outcome added has been written, at most ``timeout`` seconds
+        (an outage is retried meanwhile), then stop. What is left unwritten is logged:
+        those runs run again once their leases lapse."""
+
+        async def settle() -> None:
+            if self.task is None or self.task.done():  # not started, or ended by a bug
+                while self.queue or self.events:
+                    await self.write(*self._take())
+            await self.settled.wait()
+
+        try:
+            await asyncio.wait_for(settle(), timeout)
+        except TimeoutError:
+            log.error(
+                "%d outcome(s) could not be written within %.0fs of the shutdown, given "
+                "up: run(s) %s run again once their leases lapse",
+                len(self.pending),
+                timeout,
+                ", ".join(map(str, sorted(self.pending))),
+            )
         await self.stop()
 
 
