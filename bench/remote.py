@@ -55,7 +55,9 @@ DESCRIPTION = "Remote workers beside local ones: drain, CPU, connections."
 WORKERS = 4
 SCENARIOS = (("local", 0), ("remote, 1 API", 1), ("remote, 2 API", 2))
 """(scenario, API processes; 0: local workers)."""
-SMOKE_RUNS = 300
+SMOKE_RUNS = 2000
+"""Enough runs that the CPU they cost spans several of /proc's 10 ms ticks (with 300,
+a drain's could read 0)."""
 
 
 class Connections:

@@ -81,7 +81,9 @@ DRAINS = (
     ("1 worker, capped", 1, 2),
 )
 """(scenario, worker processes, the lane's default max_running or None)."""
-SMOKE_RUNS = 300
+SMOKE_RUNS = 2000
+"""Enough runs that the CPU they cost spans several of /proc's 10 ms ticks (with 300,
+a drain's could read 0)."""
 SMOKE_INGEST = Options(ingest_requests=100, ingest_clients=4)
 
 

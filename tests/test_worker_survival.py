@@ -205,3 +205,37 @@ async def test_a_service_stops_even_when_a_library_swallows_its_cancellation() -
     stopping.cancel()  # without the second cancel, the stop waits forever
     assert done, "the service did not stop"
     assert service.task is not None and service.task.cancelled()
+
+
+async def test_a_run_that_comes_back_to_its_worker_replaces_its_stale_execution(
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
+) -> None:
+    """The run leaves while its handler executes and the same worker, with a slot free,
+    claims it again at once: the stale execution is stopped, and its end does not touch
+    the slot of the new one."""
+    run = app.enqueue("async_sleep_record", {"seconds": 2.0})
+    async with worker_of(app, "manual>*:2") as worker:
+        (loop,) = worker.workloops
+        await wait_until(lambda: states(sql) == {"running": 1}, 10)
+        sql.execute(
+            "UPDATE runs SET state = 'available', attempt = 0, worker_id = NULL,"
+            " workloop = NULL, lease_expires_at = NULL, attempted_at = NULL WHERE id = %s",
+            [run.id],
+        )
+        sql.execute("SELECT pg_notify(%s, 'default')", [app.available_channel])
+
+        def stale_stopped() -> bool:
+            row = sql.execute("SELECT count(*) FROM executions").fetchone()
+            return row is not None and row[0] == 1
+
+        await wait_until(stale_stopped, 10)
+        assert states(sql) == {"running": 1}
+        assert list(loop.running) == [run.id] and loop.free == 1  # the new execution
+        await wait_until(lambda: states(sql) == {"succeeded": 1}, 10)
+        await wait_until(lambda: not loop.running and loop.free == 2, 5)
+    spans = sql.execute(
+        "SELECT extract(epoch FROM finished_at - started_at) FROM executions ORDER BY started_at"
+    ).fetchall()
+    assert len(spans) == 2 and spans[0][0] < 1.5 <= spans[1][0]
+    finished = app.get_run(run.id)
+    assert finished is not None and (finished.attempt, finished.errors) == (1, [])

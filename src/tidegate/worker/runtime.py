@@ -91,11 +91,11 @@ class Workloop(Service):
         runs until their outcome is written."""
         self.runs: dict[int, Run] = {}
         """The runs of ``running``, by id."""
-        self.handling: set[int] = set()
-        """The runs of ``running`` whose handlers execute now."""
-        self.lost: set[int] = set()
-        """Runs that left this worker while their handlers executed (cancelled, or
-        rescued after their leases lapsed): their async handlers are being stopped."""
+        self.handling: dict[int, tuple[asyncio.Task[None], Run]] = {}
+        """The runs whose handlers execute now, by id: the task and the run it was given."""
+        self.lost: set[asyncio.Task[None]] = set()
+        """Executions whose runs left this worker while their handlers executed
+        (cancelled, or rescued after their leases lapsed): being stopped."""
         self.unwritten = 0
         """Outcomes of this workloop's runs that wait to be written (their leases are
         renewed meanwhile)."""
@@ -186,6 +186,9 @@ class Workloop(Service):
         return claimed
 
     def launch(self, run: Run) -> None:
+        # A run can come back to a worker whose handler of it still executes (it left,
+        # was rescued, and this worker claimed it again): that execution is stale.
+        self.stop_lost(run.id)
         self.running[run.id] = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
         self.runs[run.id] = run
 
@@ -193,22 +196,25 @@ class Workloop(Service):
         worker = self.worker
         started = time.monotonic()
         _progress.set(worker.completer)  # in this run's task's own context
+        me = asyncio.current_task()
+        assert me is not None
         with span("execute", **run.fields) as executing:
-            self.handling.add(run.id)
+            self.handling[run.id] = (me, run)
             try:
                 outcome = await execute(
                     run, worker.tasks[run.task], worker.executor, worker.settings
                 )
             except asyncio.CancelledError:
-                if run.id not in self.lost:
+                if me not in self.lost:
                     raise  # the shutdown's: the run is handed back
                 executing.note(outcome="late")
                 worker.counters.stopped(run, time.monotonic() - started)
-                self.lost.discard(run.id)
+                self.lost.discard(me)
                 self.free_slot(run)
                 return
             finally:
-                self.handling.discard(run.id)
+                if self.handling.get(run.id, (None,))[0] is me:
+                    del self.handling[run.id]
             label = outcome_label(outcome, recorded=True)
             executing.note(outcome=label)
             if outcome.message is not None:
@@ -228,18 +234,20 @@ class Workloop(Service):
         self.free_slot(run)
 
     def free_slot(self, run: Run) -> None:
-        del self.running[run.id], self.runs[run.id]
+        if self.running.get(run.id) is asyncio.current_task():  # not a later claim's
+            del self.running[run.id], self.runs[run.id]
         if self.backlog:
             self.wake.set()
 
-    def stop_lost(self, run_id: int) -> None:
-        """Stop the handler of a run that is no longer this worker's: an async one is
-        cancelled (no outcome is written: the run has one already, or another worker's
-        attempt will give it one); a thread cannot be stopped, its outcome comes late."""
-        if run_id not in self.handling or run_id in self.lost:
+    def stop_lost(self, run_id: int, execution: asyncio.Task[None] | None = None) -> None:
+        """Stop the handler of a run that is no longer this worker's (only if it is still
+        ``execution``, when given): an async one is cancelled (no outcome is written: the
+        run has one already, or another attempt will give it one); a thread cannot be
+        stopped, its outcome comes late."""
+        task, run = self.handling.get(run_id, (None, None))
+        if task is None or run is None or task in self.lost or execution not in (None, task):
             return
-        run = self.runs[run_id]
-        self.lost.add(run_id)
+        self.lost.add(task)
         is_async = self.worker.tasks[run.task].is_async
         log.warning(
             "run %d (task %s) attempt %d is no longer this worker's (cancelled, or its "
@@ -253,7 +261,7 @@ class Workloop(Service):
             extra=run.fields,
         )
         if is_async:
-            self.running[run_id].cancel()
+            task.cancel()
 
     def written(self, run: Run, outcome: Outcome, seconds: float, recorded: bool) -> None:
         """Count an attempt once its outcome is written (or given up)."""
@@ -561,7 +569,11 @@ class Worker:
         ]
         held = [run_id for loop in self.workloops for run_id in loop.running]
         held += list(self.completer.pending)
-        handling = {run_id: loop for loop in self.workloops for run_id in loop.handling}
+        handling = {
+            run_id: (loop, task)
+            for loop in self.workloops
+            for run_id, (task, _) in loop.handling.items()
+        }
         counted = self.counters.take()
         try:
             renewed = await self.link.beat(
@@ -584,7 +596,8 @@ class Worker:
         # has left this worker (its outcome, written meanwhile, would have taken it out
         # of ``handling``).
         for run_id in handling.keys() - set(renewed):
-            handling[run_id].stop_lost(run_id)
+            loop, execution = handling[run_id]
+            loop.stop_lost(run_id, execution)
         return False
 
     async def rescue(self, params: dict[str, Any]) -> bool:
