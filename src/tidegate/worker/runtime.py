@@ -209,10 +209,10 @@ class Workloop(Service):
                     raise  # the shutdown's: the run is handed back
                 executing.note(outcome="late")
                 worker.counters.stopped(run, time.monotonic() - started)
-                self.lost.discard(me)
                 self.free_slot(run)
                 return
             finally:
+                self.lost.discard(me)  # a thread told to stop ends here too
                 if self.handling.get(run.id, (None,))[0] is me:
                     del self.handling[run.id]
             label = outcome_label(outcome, recorded=True)
