@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -487,3 +487,26 @@ async def test_a_remote_worker_refused_by_the_api_says_so_in_one_line(
     assert done.stderr.splitlines()[-1] == (
         f"tidegate: the API at {api.url} answered /workers with 403: unknown worker token"
     )
+
+
+async def test_a_run_nested_as_deep_as_allowed_is_claimed_and_completed(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """Whatever depth a run may hold (``max_json_depth``, up to 512), a remote worker
+    gets it and can give it back as its result: no serializer with a lower limit on the
+    way (pydantic's stops at about 255 levels)."""
+    deep = Tidegate(settings=app.settings.replace(max_json_depth=512))
+    api = start_api(max_json_depth=512)
+    nested: Any = "bottom"
+    for _ in range(510):
+        nested = [nested]
+    run = await deep.aenqueue("echo", {"deep": nested})
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+        token = await worker_token(client, "deep", ["*"])
+        worker = await RemoteWorker.register(client, token, "default:1", ["echo"])
+        (claimed,) = await worker.claim(1)
+        assert claimed["id"] == run.id and claimed["args"] == {"deep": nested}
+        done = await worker.succeed(claimed, claimed["args"])
+        assert done.status_code == 200, done.text
+    assert state_of(sql, run.id) == ("succeeded", 1)
+    deep.close()

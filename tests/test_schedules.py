@@ -383,6 +383,29 @@ async def test_schedules_are_managed_through_the_admin_api(
         assert (await client.get("/admin/schedules")).json() == []
 
 
+async def test_a_schedule_s_args_nested_as_deep_as_allowed_are_shown(
+    app: Tidegate, start_api: Any
+) -> None:
+    """``max_json_depth`` goes up to 512; FastAPI's own serializer stops at about 255
+    levels (it was a 500): every answer that carries the args shows them whole."""
+    api: ApiServer = start_api(max_json_depth=512)
+    nested: Any = "bottom"
+    for _ in range(500):
+        nested = [nested]
+    async with httpx.AsyncClient(base_url=api.url, headers=ADMIN, timeout=30) as client:
+        body = {"name": "deep", "task": "echo", "cron": "0 3 * * *", "args": {"d": nested}}
+        created = await client.post("/admin/projects/default/schedules", json=body)
+        assert created.status_code == 201, created.text
+        path = "/admin/projects/default/schedules/deep"
+        patched = await client.patch(path, json={"args": {"d": nested, "again": True}})
+        assert patched.status_code == 200, patched.text
+        shown = (await client.get(path)).json()
+        listed = (await client.get("/admin/schedules")).json()
+    assert created.json()["args"] == {"d": nested}
+    assert shown["args"] == listed[0]["args"] == {"d": nested, "again": True}
+    assert datetime.fromisoformat(shown["next_tick"]) > datetime.now(UTC)
+
+
 def test_schedules_are_managed_with_the_cli(app: Tidegate, settings: Settings) -> None:
     env = _env(settings)
 

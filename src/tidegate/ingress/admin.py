@@ -20,7 +20,7 @@ from tidegate import forward
 from tidegate.app import DEFAULT_LANE
 from tidegate.errors import InputError
 from tidegate.ingress.auth import BEARER, current_caller
-from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
+from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.ingress.signatures import check_secret
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
@@ -417,12 +417,12 @@ class NewSchedule(ScheduleFields):
 @router.post("/projects/{project_id}/schedules", status_code=201, responses=CONFLICT)
 async def post_schedule(
     project_id: ProjectIdPath, body: NewSchedule, request: Request
-) -> dict[str, Any]:
+) -> JSONAnswer:
     """Create a schedule: a cron expression or an interval; its first tick is after now."""
     fields = body.model_dump(exclude_unset=True, exclude={"name", "task"})
     depth = request.app.state.ingress.settings.max_json_depth
     steps = create_schedule(project_id, body.name, body.task, max_json_depth=depth, **fields)
-    return await _apply(request, steps)  # type: ignore[no-any-return]
+    return JSONAnswer(await _apply(request, steps), status_code=201)
 
 
 @router.get("/schedules")
@@ -431,28 +431,28 @@ async def get_schedules(
     project: Annotated[
         str | None, Query(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
     ] = None,
-) -> list[dict[str, Any]]:
+) -> JSONAnswer:
     """Schedules (of a project, or of all): next tick, last run and its state, errors."""
-    return await _apply(request, list_schedules(project))  # type: ignore[no-any-return]
+    return JSONAnswer(await _apply(request, list_schedules(project)))
 
 
 @router.get("/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND)
 async def get_one_schedule(
     project_id: ProjectIdPath, name: ScheduleNamePath, request: Request
-) -> dict[str, Any]:
-    return await _apply(request, get_schedule(project_id, name))  # type: ignore[no-any-return]
+) -> JSONAnswer:
+    return JSONAnswer(await _apply(request, get_schedule(project_id, name)))
 
 
 @router.patch("/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND | CONFLICT)
 async def patch_schedule(
     project_id: ProjectIdPath, name: ScheduleNamePath, body: ScheduleFields, request: Request
-) -> dict[str, Any]:
+) -> JSONAnswer:
     """Change a schedule; ``{"paused": true}`` pauses it, ``false`` resumes it from the
     first tick after now. A schedule declared in code can only be paused or resumed."""
     depth = request.app.state.ingress.settings.max_json_depth
     changes = body.model_dump(exclude_unset=True)
     steps = update_schedule(project_id, name, max_json_depth=depth, **changes)
-    return await _apply(request, steps)  # type: ignore[no-any-return]
+    return JSONAnswer(await _apply(request, steps))
 
 
 @router.delete("/projects/{project_id}/schedules/{name:key}", status_code=204, responses=NOT_FOUND)
