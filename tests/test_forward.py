@@ -443,7 +443,7 @@ async def test_a_request_that_cannot_be_read_is_sent_again_later_with_no_attempt
     async def unreachable(run: Run) -> None:
         reads.append(run.attempt)
         if len(reads) < 3:
-            raise OSError("the API cannot be reached")
+            raise psycopg.OperationalError("the server cannot be reached")
         return None  # then it is read: the trigger no longer forwards
 
     monkeypatch.setattr(forward, "FIND_RETRY_SECONDS", 0.05)

@@ -49,9 +49,10 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import psycopg
 from psycopg.rows import dict_row
 
-from tidegate.errors import InputError
+from tidegate.errors import InputError, TidegateError
 from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_text
@@ -200,7 +201,7 @@ def handler(find: FindDelivery) -> Callable[..., Awaitable[Any]]:
         run = current_run()
         try:
             delivery = await find(run)
-        except Exception as error:  # the database, or the API: not the endpoint's doing
+        except (psycopg.Error, TidegateError) as error:  # the database, or the API's answer
             log.warning(
                 "run %d: its request could not be read, sent again in %.0fs: %s",
                 run.id,

@@ -244,9 +244,10 @@ class Workloop(Service):
         ``execution``, when given): an async one is cancelled (no outcome is written: the
         run has one already, or another attempt will give it one); a thread cannot be
         stopped, its outcome comes late."""
-        task, run = self.handling.get(run_id, (None, None))
-        if task is None or run is None or task in self.lost or execution not in (None, task):
+        found = self.handling.get(run_id)
+        if found is None or found[0] in self.lost or execution not in (None, found[0]):
             return
+        task, run = found
         self.lost.add(task)
         is_async = self.worker.tasks[run.task].is_async
         log.warning(

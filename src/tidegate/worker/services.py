@@ -388,7 +388,7 @@ class Completer(Service):
             await asyncio.wait_for(settle(), timeout)
         except TimeoutError:
             log.error(
-                "%d outcome(s) could not be written within %.0fs of the shutdown, given "
+                "%d outcome(s) could not be written within %gs of the shutdown, given "
                 "up: run(s) %s run again once their leases lapse",
                 len(self.pending),
                 timeout,
