@@ -183,3 +183,68 @@ def test_a_backlog_of_a_task_no_worker_has_costs_each_claim_a_bounded_scan(
     assert spent.fetchone() == (0,)
     left = sql.execute("SELECT state, count(*) FROM runs WHERE task = 'nobody.has_it' GROUP BY 1")
     assert dict(left.fetchall()).get("available", 0) < 500
+
+
+def stale_statistics_under_a_backlog(sql: psycopg.Connection) -> None:
+    """Statistics taken while no run was ready (a quiet system's table), then a backlog
+    of 50,000 ready runs over 20 keys that no ANALYZE has seen: the planner believes
+    the lane holds no ready run, so every index on them looks about as cheap as another
+    (which one wins moves with the indexes' sizes)."""
+    sql.execute("ALTER TABLE runs SET (autovacuum_enabled = off)")
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, state, vtime, completed_at)"
+        " SELECT 'p', 'default', 'k' || (i % 20), 'noop', 'succeeded', i, now()"
+        " FROM generate_series(1, 5000) AS i"
+    )
+    sql.execute("ANALYZE runs")
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', 'default', 'k' || (i % 20), 'noop', i FROM generate_series(1, 50000) AS i"
+    )
+
+
+def test_enqueueing_reads_no_backlog_when_the_statistics_predate_it(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """Each key's place on the clock is two index probes, not a read of the lane's
+    backlog (which a generic plan of key_clock did: a sort of the lane's ready runs per
+    key, per enqueue, growing with the backlog until the next ANALYZE)."""
+    stale_statistics_under_a_backlog(sql)
+    batch = [
+        {
+            "project": "p",
+            "lane": "default",
+            "key": f"k{i % 20}",
+            "task": "noop",
+            "args": {},
+            "priority": 0,
+            "max_attempts": 20,
+            "scheduled_at": None,
+            "idempotency_key": None,
+        }
+        for i in range(200)
+    ]
+    params = {"runs": json.dumps(batch), "channel": "c"}
+    for _ in range(7):  # past the five custom plans after which a generic one may stay
+        plans, inserted = explained(sql, "insert_runs", params)
+        assert len(inserted) == 200
+        assert rows_read(plans) <= 20 * 10, rows_read(plans)
+    one = {**batch[0], "args": "{}", "channel": "c"}
+    for _ in range(7):
+        plans, inserted = explained(sql, "insert_run", one)
+        assert len(inserted) == 1
+        assert rows_read(plans) <= 10, rows_read(plans)
+
+
+@pytest.mark.parametrize("limits", [False, True], ids=["set-based", "with-key-limits"])
+@pytest.mark.parametrize(("lanes", "wildcard"), [(["default"], False), (["manual"], True)])
+def test_a_claim_reads_no_backlog_when_the_statistics_predate_it(
+    app: Tidegate, sql: psycopg.Connection, lanes: list[str], wildcard: bool, limits: bool
+) -> None:
+    stale_statistics_under_a_backlog(sql)
+    if limits:
+        sql.execute("INSERT INTO key_policies (lane, key, max_running) VALUES ('default', '*', 99)")
+    for _ in range(7):
+        plans, claimed = claim_plans(sql, lanes, wildcard)
+        assert len(claimed) == 8
+        assert rows_read(plans) <= 500 + 2 * 8, rows_read(plans)
