@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,23 @@ def test_enqueue_many_is_one_statement_in_input_order(
     assert [run.args["i"] for run in runs] == list(range(10_000))
     assert [run.id for run in runs] == sorted(run.id for run in runs)
     assert sql.execute("SELECT count(*) FROM runs").fetchone() == (10_000,)
+
+
+def test_enqueue_returns_the_runs_as_stored(app: Tidegate) -> None:
+    """The returned runs are built from what was sent and what the insert returned, not
+    read back: each must equal the stored run, field for field, and stay frozen."""
+    at = datetime.now(UTC) + timedelta(hours=1)
+    runs = app.enqueue_many(
+        [NewRun("echo", {"i": i}, key=f"k{i % 3}", priority=i % 3) for i in range(6)]
+        + [NewRun("echo", run_at=at, idempotency_key="later")]
+    )
+    runs.append(app.enqueue("fail", {"x": 1}, lane="manual"))
+    for run in runs:
+        stored = app.get_run(run.id)
+        assert run == stored
+        assert vars(run) == vars(stored)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            run.state = RunState.RUNNING  # type: ignore[misc]
 
 
 def test_bad_enqueue_is_a_clear_error_and_stores_nothing(

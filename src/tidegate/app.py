@@ -40,7 +40,7 @@ from tidegate import forward, policies, schedules
 from tidegate.errors import ConfigError, EnqueueError, InputError
 from tidegate.limits import check_identifier, check_json, check_lane, check_text
 from tidegate.projects import DEFAULT_PROJECT
-from tidegate.runs import Run, RunState, run_row
+from tidegate.runs import Run, RunState, run_row, stored_run
 from tidegate.schedules import Declared
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
@@ -553,20 +553,26 @@ def task_name(fn: Callable[..., Any]) -> str:
 
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
     """Build a just-inserted run from what was sent and what the database assigned."""
-    return Run(
-        **{**row, "scheduled_at": stored["scheduled_at"]},
-        id=stored["id"],
-        state=RunState(stored["state"]),
-        inserted_at=stored["inserted_at"],
-        attempt=0,
-        attempted_at=None,
-        completed_at=None,
-        worker_id=None,
-        lease_expires_at=None,
-        result=None,
-        errors=[],
-        vtime=stored["vtime"],
-        rank=stored["vtime"] + 64 * row["priority"],
+    return stored_run(
+        {
+            **row,
+            "scheduled_at": stored["scheduled_at"],
+            "id": stored["id"],
+            "state": RunState(stored["state"]),
+            "inserted_at": stored["inserted_at"],
+            "attempt": 0,
+            "attempted_at": None,
+            "completed_at": None,
+            "worker_id": None,
+            "lease_expires_at": None,
+            "result": None,
+            "errors": [],
+            "workloop": None,
+            "vtime": stored["vtime"],
+            "rank": stored["vtime"] + 64 * row["priority"],
+            "probe": False,
+            "watched": False,
+        }
     )
 
 
