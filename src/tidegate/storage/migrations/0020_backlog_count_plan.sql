@@ -1,0 +1,207 @@
+-- The backlog cap's count read the lane's whole backlog when the statistics predate it,
+-- as key_clock's probe did (0019): the project's ready runs of one key in a lane, up to
+-- the cap, counted through whichever index on ready runs the planner took for cheapest;
+-- with statistics that saw no ready run, every one looks alike, and it took runs_waiting
+-- and filtered the key and the project out of every ready run of the lane (23 ms per
+-- webhook at 50,000 ready runs, on every admission of a project with a backlog cap,
+-- growing with the backlog). The count now walks the key's ready runs in clock order,
+-- with sorting ruled out, so runs_key_ready (lane, key, vtime) is the only plan.
+CREATE FUNCTION ready_runs_of_key(p_lane text, p_key text, p_project text, p_cap integer)
+RETURNS integer
+LANGUAGE plpgsql STABLE
+SET enable_sort = off
+AS $$
+BEGIN
+    RETURN (SELECT count(*) FROM (
+        SELECT 1 FROM runs
+        WHERE runs.lane = p_lane AND runs.key = p_key AND runs.state = 'available'
+          AND runs.project = p_project
+        ORDER BY runs.vtime
+        LIMIT p_cap
+    ) AS ready);
+END
+$$;
+
+-- admit_webhook as in 0014 but for that count.
+CREATE OR REPLACE FUNCTION admit_webhook(
+    p_trigger_id bigint,
+    p_project text,
+    p_lane text,
+    p_task text,
+    p_key text,
+    p_args jsonb,
+    p_max_attempts smallint,
+    p_idempotency_key text,
+    p_content_type text,
+    p_headers jsonb,
+    p_body bytea,
+    p_default_fast_lane_cap integer,
+    p_live_seconds float8,
+    p_channel text
+) RETURNS TABLE (
+    decision text,
+    run_id bigint,
+    request_id bigint,
+    fast_lane_cap integer,
+    fast_lane_remaining integer,
+    ingest_burst integer,
+    ingest_remaining integer,
+    retry_after float8
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    proj projects%ROWTYPE;
+    emission float8;
+    tat timestamptz;
+    cap integer;
+    inflight integer;
+    free_slots bigint;
+    worker_loops bigint;
+    backlog integer;
+    new_run bigint;
+    new_request bigint;
+    breaker_wait float8;
+BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('tidegate.request/' || p_trigger_id || '/' || p_idempotency_key, 0));
+        RETURN QUERY
+            SELECT 'replayed', r.run_id, r.id, NULL::integer, NULL::integer, NULL::integer,
+                   NULL::integer, NULL::float8
+            FROM requests r
+            WHERE r.trigger_id = p_trigger_id AND r.idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    SELECT * INTO proj FROM projects WHERE id = p_project;
+    ingest_burst := proj.ingest_burst;
+
+    IF proj.ingest_rate IS NOT NULL THEN
+        -- The row lock serializes the project's admissions while the rate is decided;
+        -- the new arrival time is written only if the request is admitted, so a
+        -- rejection spends nothing.
+        emission := 1.0 / proj.ingest_rate;
+        SELECT greatest(coalesce(projects.ingest_tat, now()), now()) INTO tat
+        FROM projects WHERE id = p_project FOR UPDATE;
+        IF tat > now() + make_interval(secs => (proj.ingest_burst - 1) * emission) THEN
+            RETURN QUERY SELECT 'rate_limited', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, proj.ingest_burst, 0,
+                extract(epoch FROM tat - now())::float8 - (proj.ingest_burst - 1) * emission;
+            RETURN;
+        END IF;
+        tat := tat + make_interval(secs => emission);
+        ingest_remaining := greatest(0, floor(
+            (proj.ingest_burst * emission - extract(epoch FROM tat - now())::float8) / emission
+        )::integer);
+    END IF;
+
+    IF p_lane = 'fast_lane' THEN
+        -- A sync caller would only wait for a run its key's open breaker holds back:
+        -- 503 until the cooldown ends (a breaker forced open: for as long as it is).
+        SELECT CASE WHEN b.forced = 'open' THEN NULL
+                    ELSE extract(epoch FROM b.open_until - now())::float8 END
+        INTO breaker_wait
+        FROM key_breakers b
+        WHERE b.lane = p_lane AND b.key = p_key
+          AND (b.forced = 'open'
+               OR (b.forced IS NULL AND b.state = 'open' AND b.open_until > now()));
+        IF FOUND THEN
+            RETURN QUERY SELECT 'breaker_open', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, ingest_burst, ingest_remaining, breaker_wait;
+            RETURN;
+        END IF;
+
+        cap := coalesce(proj.fast_lane_cap, p_default_fast_lane_cap);
+        fast_lane_cap := cap;
+        PERFORM pg_advisory_xact_lock(hashtextextended('tidegate.fast_lane/' || p_project, 0));
+        SELECT count(*) INTO inflight FROM (
+            SELECT 1 FROM runs
+            WHERE runs.project = p_project AND runs.lane = 'fast_lane'
+              AND runs.state IN ('scheduled', 'available', 'pending', 'running')
+              AND (runs.state <> 'running' OR EXISTS (
+                  SELECT 1 FROM workers w
+                  WHERE w.id = runs.worker_id
+                    AND w.heartbeat_at > now() - make_interval(secs => p_live_seconds)))
+            LIMIT cap
+        ) AS held;
+        IF inflight >= cap THEN
+            RETURN QUERY SELECT 'over_cap', NULL::bigint, NULL::bigint, cap, 0, ingest_burst,
+                ingest_remaining, (
+                    SELECT avg(extract(epoch FROM recent.completed_at - recent.attempted_at))::float8
+                    FROM (
+                        SELECT runs.completed_at, runs.attempted_at FROM runs
+                        WHERE runs.project = p_project AND runs.lane = 'fast_lane'
+                          AND runs.state IN ('succeeded', 'discarded', 'cancelled')
+                        ORDER BY runs.completed_at DESC
+                        LIMIT 20
+                    ) AS recent
+                );
+            RETURN;
+        END IF;
+        fast_lane_remaining := cap - inflight - 1;
+
+        WITH loops AS (
+            SELECT w.id AS worker_id, (l.position - 1)::smallint AS workloop,
+                   (l.loop ->> 'slots')::integer AS slots
+            FROM workers w
+            CROSS JOIN LATERAL jsonb_array_elements(w.workloops) WITH ORDINALITY AS l(loop, position)
+            WHERE w.heartbeat_at > now() - make_interval(secs => p_live_seconds)
+              AND p_task = ANY(w.tasks)
+              AND (l.loop -> 'chain' ? 'fast_lane' OR l.loop -> 'chain' ? '*')
+        )
+        SELECT (SELECT count(*) FROM loops),
+               (SELECT coalesce(sum(greatest(loops.slots - (
+                    SELECT count(*) FROM runs
+                    WHERE runs.worker_id = loops.worker_id AND runs.workloop = loops.workloop
+                      AND runs.state = 'running'), 0)), 0)
+                FROM loops)
+             - (SELECT count(*) FROM runs WHERE runs.lane = 'fast_lane' AND runs.state = 'available')
+        INTO worker_loops, free_slots;
+        IF worker_loops = 0 THEN
+            RETURN QUERY SELECT 'no_worker', NULL::bigint, NULL::bigint, cap,
+                fast_lane_remaining + 1, ingest_burst, ingest_remaining, NULL::float8;
+            RETURN;
+        END IF;
+        IF free_slots <= 0 THEN
+            -- Retry-After: a slot frees about as fast as recent fast-lane runs took.
+            RETURN QUERY SELECT 'no_capacity', NULL::bigint, NULL::bigint, cap,
+                fast_lane_remaining + 1, ingest_burst, ingest_remaining, (
+                    SELECT avg(extract(epoch FROM recent.completed_at - recent.attempted_at))::float8
+                    FROM (
+                        SELECT runs.completed_at, runs.attempted_at FROM runs
+                        WHERE runs.lane = 'fast_lane' AND runs.state = 'succeeded'
+                          AND runs.completed_at > now() - interval '10 minutes'
+                        ORDER BY runs.completed_at DESC
+                        LIMIT 20
+                    ) AS recent
+                );
+            RETURN;
+        END IF;
+    END IF;
+
+    IF proj.backlog_cap IS NOT NULL THEN
+        backlog := ready_runs_of_key(p_lane, p_key, p_project, proj.backlog_cap);
+        IF backlog >= proj.backlog_cap THEN
+            RETURN QUERY SELECT 'backlog_full', NULL::bigint, NULL::bigint, fast_lane_cap,
+                fast_lane_remaining, ingest_burst, ingest_remaining, NULL::float8;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF proj.ingest_rate IS NOT NULL THEN
+        UPDATE projects SET ingest_tat = tat WHERE id = p_project;
+    END IF;
+    INSERT INTO runs (project, lane, key, task, args, max_attempts)
+    VALUES (p_project, p_lane, p_key, p_task, p_args, p_max_attempts)
+    RETURNING id INTO new_run;
+    INSERT INTO requests (project, trigger_id, run_id, idempotency_key, content_type, headers, body)
+    VALUES (p_project, p_trigger_id, new_run, p_idempotency_key, p_content_type, p_headers, p_body)
+    RETURNING id INTO new_request;
+    PERFORM pg_notify(p_channel, p_lane);
+    RETURN QUERY SELECT 'admitted', new_run, new_request, fast_lane_cap, fast_lane_remaining,
+        ingest_burst, ingest_remaining, NULL::float8;
+END
+$$;
