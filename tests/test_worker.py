@@ -14,8 +14,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import WorkerOf, running_worker, wait_until
+from tests.conftest import Remote, WorkerOf, running_worker, wait_until
 from tidegate import NewRun, RunState, Tidegate, current_run
+from tidegate.worker.runtime import Pace
 
 
 @pytest.fixture
@@ -52,8 +53,10 @@ def count(sql: psycopg.Connection, where: str, params: list[Any] | None = None) 
     return int(row[0])
 
 
-def claim_order(sql: psycopg.Connection) -> list[int]:
-    rows = sql.execute("SELECT id FROM runs ORDER BY attempted_at, id").fetchall()
+def start_order(sql: psycopg.Connection) -> list[int]:
+    """Return the runs' ids in the order their handlers started (task ``record``); in a
+    workloop of one slot, the order they were claimed in."""
+    rows = sql.execute("SELECT run_id FROM executions ORDER BY started_at").fetchall()
     return [row[0] for row in rows]
 
 
@@ -245,27 +248,27 @@ async def test_filter_workloop_never_takes_runs_of_other_lanes(
 async def test_preference_workloop_takes_its_named_lane_before_older_runs(
     app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
-    older = app.enqueue_many([NewRun("echo", {"i": i}, priority=0) for i in range(4)])
+    older = app.enqueue_many([NewRun("record", {"i": i}, priority=0) for i in range(4)])
     # The manual runs are newer and of a worse priority: the chain position still wins.
     manual = app.enqueue_many(
-        [NewRun("echo", {"i": i}, lane="manual", priority=9) for i in range(3)]
+        [NewRun("record", {"i": i}, lane="manual", priority=9) for i in range(3)]
     )
     async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id for run in older + manual]), 10)
 
-    assert claim_order(sql) == [run.id for run in manual + older]
+    assert start_order(sql) == [run.id for run in manual + older]
 
 
 async def test_lower_priority_number_is_claimed_first_within_a_lane(
     app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:
     priorities = [5, 0, 9, 3, 0, 7]
-    runs = app.enqueue_many([NewRun("echo", priority=p) for p in priorities])
+    runs = app.enqueue_many([NewRun("record", priority=p) for p in priorities])
     async with worker_of(app, "manual>*:1"):
         await wait_until(lambda: finished(app, [run.id for run in runs]), 10)
 
     by_priority = sorted(runs, key=lambda run: (run.priority, run.id))
-    assert claim_order(sql) == [run.id for run in by_priority]
+    assert start_order(sql) == [run.id for run in by_priority]
 
 
 # -- slots -------------------------------------------------------------------------
@@ -305,11 +308,14 @@ async def test_workloop_never_runs_more_runs_than_its_slots(
     seen_running: list[int] = []
     seen_in_process: list[int] = []
 
+    seen_waiting: list[int] = []
+
     async with worker_of(app, "manual>*:3") as worker:
         (loop,) = worker.workloops
 
         def sample() -> bool:
             seen_in_process.append(len(loop.running))
+            seen_waiting.append(len(loop.waiting))
             seen_running.append(count(sql, "state = 'running' AND worker_id = %s", [worker.id]))
             return finished(app, ids)
 
@@ -317,6 +323,9 @@ async def test_workloop_never_runs_more_runs_than_its_slots(
 
     assert count(sql, "state = 'succeeded'") == 50
     assert max(seen_in_process) == 3
+    # Handlers slower than a claim: no run is claimed ahead of a free slot.
+    assert max(seen_waiting) == 0
+    assert worker.link.remote or loop.pace.ahead == 0
     # A slot frees when its handler returns; the database shows the run running until
     # its outcome is written, and a workloop holds at most `slots` unwritten outcomes.
     assert 0 < max(seen_running) <= 6
@@ -353,6 +362,81 @@ async def test_a_workloop_stops_claiming_while_its_slots_worth_of_outcomes_wait_
             blocker.close()
         await wait_until(lambda: finished(app, ids), 20)
     assert count(sql, "state = 'succeeded' AND attempt = 1") == 12
+
+
+async def test_a_workloop_claims_ahead_for_handlers_faster_than_a_claim_yet_runs_at_most_its_slots(
+    app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection, worker_mode: Remote | None
+) -> None:
+    """Short handlers finish while a claim travels: a local workloop then claims the
+    runs that will start meanwhile, and they wait in the worker for a slot. A remote one
+    claims no run ahead (the API holds it to its slots)."""
+    executing = most = most_waiting = 0
+    loops: list[Any] = []
+
+    @app.task(name="count_at_once")
+    async def count_at_once(**_: Any) -> None:
+        nonlocal executing, most, most_waiting
+        executing += 1
+        most = max(most, executing)
+        most_waiting = max(most_waiting, len(loops[0].waiting))
+        await asyncio.sleep(0)  # the other handlers started meanwhile overlap this one
+        executing -= 1
+
+    total = 1_500 if worker_mode else 3_000
+    app.enqueue_many([NewRun("count_at_once") for _ in range(total)])
+    async with worker_of(app, "manual>*:4") as worker:
+        loops.extend(worker.workloops)
+        await wait_until(lambda: count(sql, "state = 'succeeded'") == total, 120)
+
+    assert most == 4
+    assert most_waiting == 0 if worker_mode else 0 < most_waiting <= 4
+    assert count(sql, "state = 'succeeded' AND attempt = 1") == total
+
+
+@pytest.fixture
+def claims_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every workloop claims a slots' worth of runs ahead, as it does while its handlers
+    return faster than its claims."""
+    monkeypatch.setattr(Pace, "ahead", property(lambda pace: pace.slots))
+
+
+@pytest.mark.usefixtures("claims_ahead")
+async def test_runs_waiting_for_a_slot_at_shutdown_are_handed_back_unstarted(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    first = app.enqueue("async_sleep_record", {"seconds": 1.0}, priority=0)
+    ahead = app.enqueue_many(
+        [NewRun("async_sleep_record", {"seconds": 0}, priority=1) for _ in range(2)]
+    )
+    async with running_worker(app, "manual>*:1") as worker:
+        (loop,) = worker.workloops
+        await wait_until(lambda: len(loop.waiting) == 1, 10)
+        assert count(sql, "state = 'running'") == 2
+    # The first run finished within the grace period; the one that waited for a slot
+    # is available again, its attempt not counted, and never ran; the last was not
+    # claimed.
+    assert state_of(app, first.id) is RunState.SUCCEEDED
+    assert count(sql, "state = 'available' AND attempt = 0") == 2
+    assert [executions(sql, run.id) for run in ahead] == [0, 0]
+
+
+@pytest.mark.usefixtures("claims_ahead")
+async def test_a_run_cancelled_while_it_waits_for_a_slot_never_starts(
+    app: Tidegate, sql: psycopg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = app.enqueue("async_sleep_record", {"seconds": 2.0}, priority=0)
+    waiting = app.enqueue("async_sleep_record", {"seconds": 0}, priority=1)
+    async with running_worker(app, "manual>*:1") as worker:
+        (loop,) = worker.workloops
+        await wait_until(lambda: waiting.id in loop.waiting, 10)
+        app.cancel(waiting.id)
+        # The next heartbeat finds its lease not renewed: it leaves the worker unstarted.
+        await wait_until(lambda: not loop.waiting, 10)
+        await wait_until(lambda: state_of(app, first.id) is RunState.SUCCEEDED, 10)
+    assert f"run {waiting.id} (task async_sleep_record) attempt 1 left this worker" in caplog.text
+    done = app.get_run(waiting.id)
+    assert done is not None and done.state is RunState.CANCELLED and done.errors == []
+    assert executions(sql, waiting.id) == 0
 
 
 def _max_overlap(sql: psycopg.Connection) -> int:

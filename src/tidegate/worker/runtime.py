@@ -1,10 +1,13 @@
 """The worker: workloops that claim and run, and the services that keep them honest.
 
 A worker process runs one or more workloops (``"fast_lane:1 manual>*:4"``). Each
-workloop claims only as many runs as it has free slots, in one statement, and never
-lends slots to another, so a fast-lane slot is free when a fast-lane run arrives,
-however long the backlog elsewhere. A workloop wakes on a NOTIFY for a lane its chain
-admits, on a slot freeing, or, as a safety net, every ``poll_seconds``.
+workloop claims as many runs as it has free slots, in one statement, and never lends
+slots to another, so a fast-lane slot is free when a fast-lane run arrives, however long
+the backlog elsewhere. Where its handlers finish faster than a claim's round trip, a
+workloop also holds the runs that will start during the next one (``Pace``): they wait
+for a slot in the worker, not in the database, and no more than ``slots`` handlers
+execute at once. A workloop wakes on a NOTIFY for a lane its chain admits, on a slot
+freeing, or, as a safety net, every ``poll_seconds``.
 
 A worker claims only runs of the tasks it has (its app's tasks when it starts, also
 advertised in its row): a claim passes over a run of another task, leaving it for a
@@ -12,9 +15,10 @@ worker that has it. When no live worker has it, the parker (every ``stage_second
 after a claim that came up short) sets it ``pending`` until one starts, out of the
 claims' way. No attempt is spent for want of a task.
 
-Shutdown (SIGTERM/SIGINT): stop claiming, let in-flight runs finish for up to
-``shutdown_grace_seconds``, then cancel async handlers and hand their runs back to
-``available`` (attempt not counted) once they have stopped. Sync handlers cannot be
+Shutdown (SIGTERM/SIGINT): stop claiming, start no run that waits for a slot, let
+in-flight runs finish for up to ``shutdown_grace_seconds``, then cancel async handlers
+and hand their runs back to ``available`` (attempt not counted) once they have stopped,
+with the runs that never started. Sync handlers cannot be
 stopped: their runs stay leased until their threads return, and their outcomes are
 written. A second signal exits at once; runs still leased are then rescued when their
 leases lapse. No run is handed back while its handler may still be executing.
@@ -27,6 +31,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -93,6 +98,9 @@ class Workloop(Service):
         """The runs of ``running``, by id."""
         self.handling: dict[int, tuple[asyncio.Task[None], Run]] = {}
         """The runs whose handlers execute now, by id: the task and the run it was given."""
+        self.waiting: dict[int, Run] = {}
+        """Runs claimed ahead (``Pace``) that wait for a slot, in claim order."""
+        self.pace = Pace(spec.slots)
         self.lost: set[asyncio.Task[None]] = set()
         """Executions whose runs left this worker while their handlers executed
         (cancelled, or rescued after their leases lapsed): being stopped."""
@@ -117,18 +125,22 @@ class Workloop(Service):
 
     @property
     def free(self) -> int:
-        """Slots free to claim into. A slot frees when its handler returns, except a
-        fast-lane run's, which frees once its outcome is written (a sync caller waits
-        for it, and the admission counts fast-lane slots from the database). So that a
-        slow database slows claiming, at most ``slots`` outcomes wait to be written.
+        """How many runs to claim: the free slots, plus the runs its handlers finish
+        during a claim's round trip (``Pace``) less those already waiting. A slot frees
+        when its handler returns, except a fast-lane run's, which frees once its outcome
+        is written (a sync caller waits for it, and the admission counts fast-lane
+        slots from the database). So that a slow database slows claiming, at most
+        ``slots`` outcomes wait to be written.
 
-        A remote worker's slot frees once its outcome is written: the API gives a
-        workloop no more runs than its slots, counting each run held until its outcome
-        is in (docs/workers.md)."""
+        A remote worker's slot frees once its outcome is written, and it claims no run
+        ahead: the API gives a workloop no more runs than its slots, counting each run
+        held until its outcome is in (docs/workers.md)."""
         slots = self.spec.slots
         if self.worker.link.remote:
             return slots - self.unwritten - len(self.running)
-        return min(slots, 2 * slots - self.unwritten) - len(self.running)
+        room = slots + self.pace.ahead
+        held = len(self.running) + len(self.waiting)
+        return min(room, room + slots - self.unwritten) - held
 
     def admits(self, lane: str) -> bool:
         return chain_admits(self.spec.chain, lane)
@@ -179,16 +191,23 @@ class Workloop(Service):
                     break
 
     async def claim(self, demand: int) -> list[Run]:
+        started = time.monotonic()
         with span("claim", chain=">".join(self.spec.chain), demand=demand) as claiming:
             claimed = await self.worker.link.claim({**self.claim_params, "demand": demand})
             claiming.note(runs=len(claimed))
+        self.pace.claimed(time.monotonic() - started)
         self.worker.counters.claimed(claimed)
         return claimed
 
     def launch(self, run: Run) -> None:
+        """Start ``run``'s handler in a free slot, or keep it waiting for one."""
         # A run can come back to a worker whose handler of it still executes (it left,
         # was rescued, and this worker claimed it again): that execution is stale.
         self.stop_lost(run.id)
+        self.waiting.pop(run.id, None)
+        if len(self.running) >= self.spec.slots:
+            self.waiting[run.id] = run
+            return
         self.running[run.id] = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
         self.runs[run.id] = run
 
@@ -220,6 +239,7 @@ class Workloop(Service):
             if outcome.message is not None:
                 executing.failed(outcome.message)
         seconds = time.monotonic() - started
+        self.pace.ran(seconds)
         _log_outcome(run, outcome, label)
         self.unwritten += 1
         counted = functools.partial(self.written, run, outcome, seconds)
@@ -236,8 +256,25 @@ class Workloop(Service):
     def free_slot(self, run: Run) -> None:
         if self.running.get(run.id) is asyncio.current_task():  # not a later claim's
             del self.running[run.id], self.runs[run.id]
+        if self.waiting and not self.worker.stopping.is_set():
+            run_id = next(iter(self.waiting))
+            self.launch(self.waiting.pop(run_id))
         if self.backlog:
             self.wake.set()
+
+    def forget_waiting(self, run_ids: set[int]) -> None:
+        """Drop the waiting runs among ``run_ids``: they left this worker (cancelled, or
+        rescued) before a slot took them."""
+        for run_id in run_ids & self.waiting.keys():
+            run = self.waiting.pop(run_id)
+            log.warning(
+                "run %d (task %s) attempt %d left this worker before it started "
+                "(cancelled, or its lease lapsed and it was rescued): not run",
+                run.id,
+                run.task,
+                run.attempt,
+                extra=run.fields,
+            )
 
     def stop_lost(self, run_id: int, execution: asyncio.Task[None] | None = None) -> None:
         """Stop the handler of a run that is no longer this worker's (only if it is still
@@ -270,6 +307,41 @@ class Workloop(Service):
         self.worker.counters.count(run, outcome, recorded, seconds)
         if self.backlog:
             self.wake.set()
+
+
+class Pace:
+    """Whether a workloop claims runs ahead of its free slots: a slots' worth while its
+    handlers return faster than a claim's round trip, else none.
+
+    Where handlers return within a claim's round trip (a drain of short runs), every
+    slot would stand empty while each claim travels; the runs claimed ahead fill them at
+    once instead. A run claimed ahead waits for one handler to return, shorter than a
+    claim's round trip, so a key that turns up meanwhile is held back no longer than a
+    claim would have taken anyway. Where handlers take longer, nothing is claimed ahead.
+    Both durations are smoothed over recent ones (exponentially, ``WEIGHT`` to the
+    newest)."""
+
+    WEIGHT = 0.2
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self.run_seconds = math.inf
+        """How long a handler takes."""
+        self.claim_seconds = 0.0
+        """How long a claim takes, from asking to the runs in hand."""
+
+    @property
+    def ahead(self) -> int:
+        """Runs to claim beyond the free slots."""
+        return self.slots if self.run_seconds < self.claim_seconds else 0
+
+    def ran(self, seconds: float) -> None:
+        if math.isinf(self.run_seconds):
+            self.run_seconds = seconds
+        self.run_seconds += self.WEIGHT * (seconds - self.run_seconds)
+
+    def claimed(self, seconds: float) -> None:
+        self.claim_seconds += self.WEIGHT * (seconds - self.claim_seconds)
 
 
 def _resolve(future: asyncio.Future[bool], value: bool) -> None:
@@ -435,7 +507,7 @@ class Worker:
             if not stop.is_set():
                 stop.set()
                 return
-            held = sum(len(w.running) for w in self.workloops)
+            held = sum(len(w.running) + len(w.waiting) for w in self.workloops)
             log.warning(
                 "worker %s: stopping now, at a second signal; %d run(s) it holds are "
                 "rescued when their leases lapse",
@@ -526,7 +598,10 @@ class Worker:
         # The heartbeat goes on meanwhile: runs whose handlers still execute keep their
         # leases until the handlers have returned or stopped.
         await asyncio.gather(*in_flight.values(), return_exceptions=True)
-        handed_back = [run_id for run_id, task in in_flight.items() if task.cancelled()]
+        # Runs that waited for a slot never started (none takes one once stopping):
+        # handed back with the interrupted ones, their leases renewed until then.
+        handed_back = [run_id for loop in self.workloops for run_id in loop.waiting]
+        handed_back += [run_id for run_id, task in in_flight.items() if task.cancelled()]
         # Bounded: a database (or API) that stays down must not keep the worker alive.
         await self.completer.drain(self.settings.shutdown_grace_seconds)
         for service in self.services:
@@ -568,8 +643,9 @@ class Worker:
             {"chain": list(loop.spec.chain), "slots": loop.spec.slots, "busy": len(loop.running)}
             for loop in self.workloops
         ]
-        held = [run_id for loop in self.workloops for run_id in loop.running]
+        held = [run_id for loop in self.workloops for run_id in (*loop.running, *loop.waiting)]
         held += list(self.completer.pending)
+        waiting = {run_id for loop in self.workloops for run_id in loop.waiting}
         handling = {
             run_id: (loop, task)
             for loop in self.workloops
@@ -599,6 +675,8 @@ class Worker:
         for run_id in handling.keys() - set(renewed):
             loop, execution = handling[run_id]
             loop.stop_lost(run_id, execution)
+        for loop in self.workloops:
+            loop.forget_waiting(waiting - set(renewed))
         return False
 
     async def rescue(self, params: dict[str, Any]) -> bool:
