@@ -63,6 +63,37 @@ def start_order(sql: psycopg.Connection) -> list[int]:
 # -- outcomes ----------------------------------------------------------------------
 
 
+async def test_a_handler_gets_its_args_as_enqueued_and_its_result_is_read_back_as_returned(
+    app: Tidegate, worker_of: WorkerOf
+) -> None:
+    """JSON read from the database: numbers past 64 bits stay exact integers, floats stay
+    floats, strings of digits stay strings, deep nesting survives."""
+    args = {
+        "big": 123456789012345678901234567890,
+        "negative": -(2**64) - 1,
+        "edge": 2**64 - 1,
+        "float": 0.1,
+        "digits": "12345678901234567890123",
+        "unicode": "caf\u00e9 \U0001f30a",
+        "nested": [[[{"x": None, "ok": True}]]],
+    }
+    seen: list[dict[str, Any]] = []
+
+    @app.task(name="keep_args")
+    async def keep_args(**given: Any) -> dict[str, Any]:
+        seen.append(given)
+        return given
+
+    run = app.enqueue("keep_args", args)
+    async with worker_of(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id]), 10)
+
+    done = app.get_run(run.id)
+    assert done is not None and done.state is RunState.SUCCEEDED
+    assert seen == [args] and done.args == args and done.result == args
+    assert type(seen[0]["big"]) is int and type(done.result["negative"]) is int
+
+
 @pytest.mark.usefixtures("identity_tasks")
 async def test_async_and_sync_handlers_succeed_and_their_results_are_stored(
     app: Tidegate,
