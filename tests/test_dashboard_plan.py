@@ -48,6 +48,15 @@ def filled(app: Tidegate, sql: psycopg.Connection) -> psycopg.Connection:
         " FROM unnest(ARRAY['succeeded', 'discarded', 'cancelled']) AS s,"
         " generate_series(1, 5)"
     )
+    # Runs in flight, interleaved with runs of every other state in id order.
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, state, worker_id)"
+        " SELECT CASE WHEN i % 4 = 0 THEN 'small' ELSE 'p' || (i % 10) END, 'default',"
+        " 'k' || (i % 50), 'noop', s::run_state,"
+        " CASE WHEN s = 'running' THEN 'w' END"
+        " FROM generate_series(1, 40) AS i,"
+        " unnest(ARRAY['running', 'available', 'scheduled', 'succeeded']) AS s"
+    )
     sql.execute("ANALYZE runs")
     return sql
 
@@ -60,6 +69,7 @@ def filled(app: Tidegate, sql: psycopg.Connection) -> psycopg.Connection:
         ({"state": "discarded"}, "runs_failed"),
         ({"state": "cancelled"}, "runs_failed"),
         ({"state": "running"}, "runs_running"),
+        ({"project": "small", "state": "running"}, "runs_running"),
         ({"state": "pending"}, "runs_pending"),
     ],
 )
@@ -70,6 +80,47 @@ def test_a_page_of_the_run_list_reads_the_index_its_filter_needs(
     found = scans(nodes)
     assert all(kind != "Seq Scan" for kind, _ in found), found
     assert index in {name for _, name in found}, found
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {},
+        {"project": "small"},
+        {"project": "small", "state": "running"},
+        {"project": "small", "state": "available"},
+        {"state": "running"},
+        {"state": "succeeded", "lane": "default"},
+        {"project": "p3", "key": "k13"},
+    ],
+)
+@pytest.mark.parametrize("limit", [5, 50])
+def test_the_run_lists_hold_what_their_filters_match_runs_in_flight_included(
+    filled: psycopg.Connection, filters: dict[str, str], limit: int
+) -> None:
+    """The newest runs matching the filters, whatever their state: runs in flight are
+    read apart from the others (runs_project holds none), and the two parts meet in id
+    order, a page after another."""
+    where = " AND ".join(f"{column} = %({column})s" for column in filters) or "true"
+    expected = [
+        row[0]
+        for row in filled.execute(
+            f"SELECT id FROM runs WHERE {where} ORDER BY id DESC", filters
+        ).fetchall()
+    ]
+    assert len(expected) > 0
+    params = {**NO_FILTER, **filters, "limit": limit}
+    pages: list[int] = []
+    while True:
+        page = filled.execute(query("list_runs_page"), {**params, "before": (pages or [None])[-1]})
+        ids = [row[0] for row in page.fetchall()]
+        pages += ids
+        if len(ids) < limit:
+            break
+    assert pages == expected
+    if "key" not in filters:
+        listed = filled.execute(query("list_runs"), {**params, "before": None}).fetchall()
+        assert [row[0] for row in listed] == expected[:limit]
 
 
 def test_a_page_of_the_webhook_log_reads_both_logs_by_trigger_index(

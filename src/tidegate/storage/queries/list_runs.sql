@@ -1,8 +1,24 @@
--- Newest first; every filter is optional (NULL matches all).
-SELECT * FROM runs
-WHERE (%(project)s::text IS NULL OR project = %(project)s)
-  AND (%(lane)s::text IS NULL OR lane = %(lane)s)
-  AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
-  AND (%(task)s::text IS NULL OR task = %(task)s)
+-- Newest first; every filter is optional (NULL matches all). Runs in flight come from
+-- runs_running (at most the workers' slots), the others through the index their filter
+-- needs (runs_project holds no run in flight: migration 0021); each part is read only
+-- where the state filter lets it have rows.
+SELECT * FROM (
+    (SELECT * FROM runs
+     WHERE (%(project)s::text IS NULL OR project = %(project)s)
+       AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+       AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND state <> 'running' AND %(state)s::run_state IS DISTINCT FROM 'running'
+     ORDER BY id DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM runs
+     WHERE (%(project)s::text IS NULL OR project = %(project)s)
+       AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND state = 'running' AND coalesce(%(state)s::run_state = 'running', true)
+     ORDER BY id DESC
+     LIMIT %(limit)s)
+) AS found
 ORDER BY id DESC
 LIMIT %(limit)s
