@@ -4,10 +4,10 @@ A worker process runs one or more workloops (``"fast_lane:1 manual>*:4"``). Each
 workloop claims as many runs as it has free slots, in one statement, and never lends
 slots to another, so a fast-lane slot is free when a fast-lane run arrives, however long
 the backlog elsewhere. Where its handlers finish faster than a claim's round trip, a
-workloop also holds the runs that will start during the next one (``Pace``): they wait
-for a slot in the worker, not in the database, and no more than ``slots`` handlers
-execute at once. A workloop wakes on a NOTIFY for a lane its chain admits, on a slot
-freeing, or, as a safety net, every ``poll_seconds``.
+workloop also claims a slots' worth of runs ahead (``Pace``): they wait for a slot in
+the worker, not in the database, and no more than ``slots`` handlers execute at once. A
+workloop wakes on a NOTIFY for a lane its chain admits, on a slot freeing, or, as a
+safety net, every ``poll_seconds``.
 
 A worker claims only runs of the tasks it has (its app's tasks when it starts, also
 advertised in its row): a claim passes over a run of another task, leaving it for a
@@ -18,10 +18,10 @@ claims' way. No attempt is spent for want of a task.
 Shutdown (SIGTERM/SIGINT): stop claiming, start no run that waits for a slot, let
 in-flight runs finish for up to ``shutdown_grace_seconds``, then cancel async handlers
 and hand their runs back to ``available`` (attempt not counted) once they have stopped,
-with the runs that never started. Sync handlers cannot be
-stopped: their runs stay leased until their threads return, and their outcomes are
-written. A second signal exits at once; runs still leased are then rescued when their
-leases lapse. No run is handed back while its handler may still be executing.
+with the runs that never started. Sync handlers cannot be stopped: their runs stay
+leased until their threads return, and their outcomes are written. A second signal
+exits at once; runs still leased are then rescued when their leases lapse. No run is
+handed back while its handler may still be executing.
 """
 
 from __future__ import annotations
@@ -125,8 +125,9 @@ class Workloop(Service):
 
     @property
     def free(self) -> int:
-        """How many runs to claim: the free slots, plus the runs its handlers finish
-        during a claim's round trip (``Pace``) less those already waiting. A slot frees
+        """How many runs to claim: the free slots, plus a slots' worth while its handlers
+        return faster than a claim's round trip (``Pace``), less the runs already waiting
+        for a slot. A slot frees
         when its handler returns, except a fast-lane run's, which frees once its outcome
         is written (a sync caller waits for it, and the admission counts fast-lane
         slots from the database). So that a slow database slows claiming, at most
