@@ -33,7 +33,7 @@ from tidegate.app import Tidegate
 from tidegate.ingress.completions import Completions
 from tidegate.ingress.ledger import Ledger
 from tidegate.settings import Settings
-from tidegate.storage.database import RECONNECT_SECONDS, transient
+from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Steps, T, adrive, query
 
@@ -148,7 +148,7 @@ class Ingress:
             self.app.database.conninfo(),
             min_size=2,
             max_size=settings.pool_size,
-            kwargs={"autocommit": True},
+            kwargs=CONNECTION,
             timeout=POOL_WAIT_SECONDS,
             reconnect_timeout=RECONNECT_SECONDS,
             open=False,
