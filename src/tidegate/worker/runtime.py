@@ -353,13 +353,16 @@ def _resolve(future: asyncio.Future[bool], value: bool) -> None:
 def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
     """Log every attempt that did not succeed: failures, retries to come, discards. A
     JSON line carries the run's fields and the outcome, named as in the metrics."""
+    state = outcome.state
+    if state is RunState.SUCCEEDED or (state is RunState.SCHEDULED and outcome.message is None):
+        return  # succeeded, or a retry its handler asked for: nothing to tell
     where = (
         f"run {run.id} (task {run.task}, key {run.key}) attempt {run.attempt}/{run.max_attempts}"
     )
     extra = {**run.fields, "outcome": label}
-    if outcome.state is RunState.DISCARDED:
+    if state is RunState.DISCARDED:
         log.error("%s failed, discarded: %s", where, outcome.message, extra=extra)
-    elif outcome.state is RunState.SCHEDULED and outcome.message is not None:
+    elif state is RunState.SCHEDULED:
         log.warning(
             "%s failed, retrying in %.1fs: %s",
             where,
@@ -367,7 +370,7 @@ def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
             outcome.message,
             extra=extra,
         )
-    elif outcome.state is RunState.CANCELLED:
+    elif state is RunState.CANCELLED:
         log.info("%s cancelled by its handler: %s", where, outcome.message, extra=extra)
 
 
