@@ -285,6 +285,7 @@ def test_a_webhook_admission_reads_no_backlog_when_the_statistics_predate_it(
         "default_fast_lane_cap": 10,
         "live_seconds": 6.0,
         "channel": "c",
+        "durable": True,
     }
     for _ in range(7):
         plans, rows = explained(sql, "admit_webhook", params)
