@@ -16,6 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -41,6 +42,28 @@ FAST = {
     "shutdown_grace_seconds": 5.0,
 }
 """Short intervals so leases lapse and retries come back within a test."""
+
+
+def admission(trigger: dict[str, Any], key: str, *, durable: bool = True) -> dict[str, Any]:
+    """The parameters of ``admit_webhook.sql`` for an empty webhook to an async trigger
+    (``trigger`` as ``projects.create_trigger`` returns it), its run under ``key``."""
+    return {
+        "trigger_id": trigger["id"],
+        "project": trigger["project"],
+        "lane": "default",
+        "task": trigger["task"],
+        "key": key,
+        "args": "{}",
+        "max_attempts": 20,
+        "idempotency_key": None,
+        "content_type": "application/json",
+        "headers": "{}",
+        "body": b"{}",
+        "default_fast_lane_cap": 10,
+        "live_seconds": 6.0,
+        "channel": "c",
+        "durable": durable,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import json
 import psycopg
 import pytest
 
+from tests.conftest import admission
 from tidegate import Tidegate
 from tidegate.projects import create_project, create_trigger
 from tidegate.storage.sql import query
@@ -270,23 +271,7 @@ def test_a_webhook_admission_reads_no_backlog_when_the_statistics_predate_it(
     app.execute(create_project("q", backlog_cap=100_000))
     trigger = app.execute(create_trigger("q", "t", mode="async", task="noop"))
     stale_statistics_under_a_backlog(sql)  # project p's: 2,500 ready runs of key k3
-    params = {
-        "trigger_id": trigger["id"],
-        "project": "q",
-        "lane": "default",
-        "task": "noop",
-        "key": "k3",
-        "args": "{}",
-        "max_attempts": 20,
-        "idempotency_key": None,
-        "content_type": "application/json",
-        "headers": "{}",
-        "body": b"{}",
-        "default_fast_lane_cap": 10,
-        "live_seconds": 6.0,
-        "channel": "c",
-        "durable": True,
-    }
+    params = admission(trigger, "k3")
     for _ in range(7):
         plans, rows = explained(sql, "admit_webhook", params)
         assert rows[0][0] == "admitted"

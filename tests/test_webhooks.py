@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import admission, wait_until
 from tests.http_fixtures import (
     ADMIN,
     ApiServer,
@@ -550,23 +550,7 @@ def test_a_sync_admission_commits_without_waiting_for_the_flush_and_an_async_one
     assert connection_default == "on"
     for durable, committing in ((False, "off"), (True, "on")):
         with sql.transaction(force_rollback=True):
-            params = {
-                "trigger_id": trigger["id"],
-                "project": "acme",
-                "lane": "default",
-                "task": "noop",
-                "key": "acme",
-                "args": "{}",
-                "max_attempts": 1,
-                "idempotency_key": None,
-                "content_type": "application/json",
-                "headers": "{}",
-                "body": b"{}",
-                "default_fast_lane_cap": 10,
-                "live_seconds": 6.0,
-                "channel": "c",
-                "durable": durable,
-            }
+            params = admission(trigger, "acme", durable=durable)
             decision = sql.execute(query("admit_webhook"), params).fetchone()
             assert decision is not None and decision[0] == "admitted"
             assert sql.execute("SHOW synchronous_commit").fetchone() == (committing,)
