@@ -331,6 +331,53 @@ async def test_fast_lane_slot_runs_at_once_while_every_other_slot_is_busy(
     assert count(sql, "lane = 'default' AND state = 'available'") == 5_000
 
 
+def count_claims(loop: Any) -> list[int]:
+    """Count ``loop``'s claims from now on: one entry per claim, the runs it took."""
+    taken: list[int] = []
+    claim = loop.claim
+
+    async def counted(demand: int) -> Any:
+        runs = await claim(demand)
+        taken.append(len(runs))
+        return runs
+
+    loop.claim = counted
+    return taken
+
+
+async def test_a_run_of_a_lane_a_workloop_names_wakes_that_workloop_alone(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """One claim per run: the `*` workloop, which could take fast-lane runs too, is not
+    woken while the fast-lane workloop has a free slot (its poll is out of the way)."""
+    async with running_worker(app, "fast_lane:2 manual>*:4", poll_seconds=60) as worker:
+        fast_loop, other_loop = worker.workloops
+        await wait_until(lambda: not fast_loop.backlog and not other_loop.backlog, 10)
+        fast_claims, other_claims = count_claims(fast_loop), count_claims(other_loop)
+        for i in range(10):
+            run = app.enqueue("echo", {"i": i}, lane="fast_lane")
+            await wait_until(lambda run=run: finished(app, [run.id]), 10)
+
+    assert count(sql, "lane = 'fast_lane' AND state = 'succeeded' AND workloop = 0") == 10
+    assert other_claims == []
+    assert sum(fast_claims) == 10
+
+
+async def test_runs_past_the_named_workloops_free_slots_go_to_the_others_at_once(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """Five fast-lane runs in one batch (one NOTIFY) for a fast-lane workloop of one
+    slot: its claim comes back full, and the `*` workloop takes the other four then, not
+    at its next poll."""
+    async with running_worker(app, "fast_lane:1 manual>*:4", poll_seconds=60) as worker:
+        fast_loop, other_loop = worker.workloops
+        await wait_until(lambda: not fast_loop.backlog and not other_loop.backlog, 10)
+        app.enqueue_many([NewRun("async_sleep", {"seconds": 3}, lane="fast_lane")] * 5)
+        await wait_until(lambda: count(sql, "state = 'running'") == 5, 2.5)
+        assert count(sql, "state = 'running' AND workloop = 0") == 1
+        assert count(sql, "state = 'running' AND workloop = 1") == 4
+
+
 async def test_workloop_never_runs_more_runs_than_its_slots(
     app: Tidegate, worker_of: WorkerOf, sql: psycopg.Connection
 ) -> None:

@@ -186,7 +186,9 @@ class Workloop(Service):
                 # A short one found the lanes empty: new runs will say so (NOTIFY). Runs
                 # set pending made room at the head of a lane: look again at once.
                 self.backlog = len(claimed) == demand
-                if not self.backlog:
+                if self.backlog:
+                    worker.spill(self)
+                else:
                     worker.came_up_short = True
                 if not (self.backlog or parked):
                     break
@@ -636,11 +638,24 @@ class Worker:
     # -- what the services do ------------------------------------------------------
 
     def wake(self, channel: str, lane: str) -> None:
+        """``lane`` has new runs: wake the workloops that name it, or, where none of them
+        has a free slot, those that take it through ``*``. Every woken loop claims, and
+        one run needs one claim (a sync webhook's, most often). A loop left asleep looks
+        when its next slot frees, or when a woken one comes back with all it asked for
+        (``spill``)."""
+        loops = [loop for loop in self.workloops if loop.admits(lane)]
+        for loop in loops:
+            loop.backlog = True
+        named = [loop for loop in loops if lane in loop.spec.named_lanes and loop.free > 0]
+        for loop in named or [loop for loop in loops if loop.free > 0]:
+            loop.wake.set()
+
+    def spill(self, full: Workloop) -> None:
+        """``full`` claimed all it asked for: more runs may wait. Wake the other loops
+        told of runs (``backlog``) that have free slots."""
         for loop in self.workloops:
-            if loop.admits(lane):
-                loop.backlog = True  # a full workloop looks when its next slot frees
-                if loop.free > 0:
-                    loop.wake.set()
+            if loop is not full and loop.backlog and loop.free > 0:
+                loop.wake.set()
 
     async def beat(self) -> bool:
         workloops = [
