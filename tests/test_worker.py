@@ -479,6 +479,21 @@ def claims_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("claims_ahead")
+async def test_runs_claimed_together_start_in_the_claims_order(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """A claim's rows come back in id order; the runs it took wait for the one slot in
+    the order it took them: the chain's named lane first, then by priority."""
+    runs = app.enqueue_many([NewRun("record", priority=p) for p in (5, 0, 9, 3, 0, 7)])
+    manual = app.enqueue("record", lane="manual", priority=9)
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: finished(app, [run.id for run in [*runs, manual]]), 10)
+
+    by_priority = sorted(runs, key=lambda run: (run.priority, run.id))
+    assert start_order(sql) == [manual.id] + [run.id for run in by_priority]
+
+
+@pytest.mark.usefixtures("claims_ahead")
 async def test_runs_waiting_for_a_slot_at_shutdown_are_handed_back_unstarted(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:

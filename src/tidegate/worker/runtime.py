@@ -146,6 +146,12 @@ class Workloop(Service):
     def admits(self, lane: str) -> bool:
         return chain_admits(self.spec.chain, lane)
 
+    def claim_order(self, run: Run) -> tuple[int, float, int]:
+        """Where ``run`` stands in a claim: its lane's place in the chain, then its rank."""
+        named = self.spec.named_lanes
+        place = named.index(run.lane) if run.lane in named else len(named)
+        return place, run.rank, run.id
+
     async def run(self) -> None:
         worker = self.worker
         failures = 0
@@ -176,7 +182,12 @@ class Workloop(Service):
                     self.wake.set()
                     break
                 failures = 0
-                claimed = [run for run in runs if run.state is RunState.RUNNING]
+                # Launched in the claim's order (a run claimed ahead waits for a slot in
+                # it): the chain's named lanes first, each by rank, then the rest by rank.
+                # The claim's rows come back in id order.
+                claimed = sorted(
+                    (run for run in runs if run.state is RunState.RUNNING), key=self.claim_order
+                )
                 for run in claimed:
                     self.launch(run)
                 parked = [run for run in runs if run.state is RunState.PENDING]
