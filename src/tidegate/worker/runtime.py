@@ -101,6 +101,8 @@ class Workloop(Service):
         self.waiting: dict[int, Run] = {}
         """Runs claimed ahead (``Pace``) that wait for a slot, in claim order."""
         self.pace = Pace(spec.slots)
+        self.places = {lane: place for place, lane in enumerate(spec.named_lanes)}
+        """The lanes the chain names, by their place in it."""
         self.lost: set[asyncio.Task[None]] = set()
         """Executions whose runs left this worker while their handlers executed
         (cancelled, or rescued after their leases lapsed): being stopped."""
@@ -148,9 +150,7 @@ class Workloop(Service):
 
     def claim_order(self, run: Run) -> tuple[int, float, int]:
         """Where ``run`` stands in a claim: its lane's place in the chain, then its rank."""
-        named = self.spec.named_lanes
-        place = named.index(run.lane) if run.lane in named else len(named)
-        return place, run.rank, run.id
+        return self.places.get(run.lane, len(self.places)), run.rank, run.id
 
     async def run(self) -> None:
         worker = self.worker
@@ -657,7 +657,7 @@ class Worker:
         loops = [loop for loop in self.workloops if loop.admits(lane)]
         for loop in loops:
             loop.backlog = True
-        named = [loop for loop in loops if lane in loop.spec.named_lanes and loop.free > 0]
+        named = [loop for loop in loops if lane in loop.places and loop.free > 0]
         for loop in named or [loop for loop in loops if loop.free > 0]:
             loop.wake.set()
 
