@@ -9,9 +9,7 @@ database call admits or rejects (``admit_webhook``): 429 for the project's inges
 or fast-lane cap, 503 when no worker can take a fast-lane run, the run's key has its
 circuit breaker open (sync), or the backlog is full.
 An admitted async webhook is answered 202 once its request and run are committed; a
-sync one waits for its run. A sync admission commits without waiting for the WAL flush
-(its caller waits for the outcome, not for the disk): a reply before the run has finished
-(202 at the trigger's timeout, an event stream) waits for the flush first.
+sync one waits for its run.
 
 Every answer is counted, and a request to a known trigger that made no run is kept for
 the webhook log, by this process's ``Ledger`` (ingress/ledger.py): in memory, written
@@ -356,7 +354,6 @@ async def _answer(
             headers={**limits, **location},
         )
     if stream_after is not None:
-        await ingress.run(_flushed())
         stream = events.run_events(
             ingress,
             run_id,
@@ -371,7 +368,6 @@ async def _answer(
         ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"
     )
     if run is None or not run.state.finished:
-        await ingress.run(_flushed())
         return JSONResponse(
             {
                 "run_id": run_id,
@@ -598,15 +594,7 @@ def _admit(
             "default_fast_lane_cap": settings.fast_lane_cap,
             "live_seconds": 3 * settings.heartbeat_seconds,
             "channel": ingress.app.available_channel,
-            # A sync caller waits for the outcome: an answer before it flushes first.
-            "durable": lane != FAST_LANE,
         },
         dict_row,
     )
     return dict(rows[0])
-
-
-def _flushed() -> Steps[None]:
-    """Wait until a sync admission, committed without waiting for the WAL flush, is on
-    disk: before a sync caller is told its webhook is accepted but not yet finished."""
-    yield Statement("flush_wal", {})
