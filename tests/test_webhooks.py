@@ -19,7 +19,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import admission, wait_until
 from tests.http_fixtures import (
     ADMIN,
     ApiServer,
@@ -29,8 +29,9 @@ from tests.http_fixtures import (
     create_project,
     create_trigger,
 )
-from tidegate import Settings, Tidegate
+from tidegate import Settings, Tidegate, projects
 from tidegate.ingress.signatures import sign
+from tidegate.storage.sql import query
 
 SECRET = "whsec_" + base64.b64encode(b"a secret of thirty-two bytes!!!!").decode()
 OLD_SECRET = "whsec_" + base64.b64encode(b"the secret before the rotation!!").decode()
@@ -536,6 +537,35 @@ async def test_sync_webhook_past_its_timeout_gets_202_and_the_run_goes_on(
     assert response.json()["state"] in ("available", "running")
     await wait_until(lambda: run_row(sql, run_id)["state"] == "succeeded", timeout=15)
     assert run_row(sql, run_id)["result"] == {"slept": 2.0}
+
+
+def test_a_sync_admission_commits_without_waiting_for_the_flush_and_an_async_one_waits(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """admit_webhook.sql sets its own transaction's synchronous_commit: off for a sync
+    webhook (``durable`` false), the connection's own for an async one."""
+    app.execute(projects.create_project("acme"))
+    trigger = app.execute(projects.create_trigger("acme", "t", mode="async", task="noop"))
+    (connection_default,) = sql.execute("SHOW synchronous_commit").fetchone() or ()
+    assert connection_default == "on"
+    for durable, committing in ((False, "off"), (True, "on")):
+        with sql.transaction(force_rollback=True):
+            params = admission(trigger, "acme", durable=durable)
+            decision = sql.execute(query("admit_webhook"), params).fetchone()
+            assert decision is not None and decision[0] == "admitted"
+            assert sql.execute("SHOW synchronous_commit").fetchone() == (committing,)
+    assert sql.execute("SHOW synchronous_commit").fetchone() == ("on",)  # local to each
+
+
+def test_the_flush_before_a_sync_answer_is_a_transaction_with_an_id(
+    sql: psycopg.Connection,
+) -> None:
+    """flush_wal.sql, waited for before any answer to a sync caller, waits for the WAL
+    flush because its transaction gets an id: a commit without one writes no commit
+    record, and returns without waiting."""
+    with sql.transaction():
+        sql.execute(query("flush_wal"))
+        assert sql.execute("SELECT pg_current_xact_id_if_assigned()").fetchone() != (None,)
 
 
 async def test_cancelling_a_sync_run_answers_its_waiting_caller(
