@@ -14,6 +14,7 @@ serves its assets from the package, so it works offline.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -36,6 +37,7 @@ from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Steps, T, adrive, query
+from tidegate.worker.services import Periodic, rescue
 
 if TYPE_CHECKING:
     from tidegate.ingress.hooks import Trigger
@@ -158,6 +160,15 @@ class Ingress:
             self.app.database.aconnect, self.app.completed_channel, self.app.available_channel
         )
         self.ledger = Ledger(self.pool, settings)
+        self.rescuer = Periodic(
+            "rescuer",
+            settings.rescue_seconds,
+            functools.partial(
+                rescue, self.pool, self.app.available_channel, self.app.completed_channel
+            ),
+        )
+        """Takes back runs whose leases lapsed, as workers do: with no worker alive, a
+        dead worker's runs would otherwise count toward their caps for good."""
         self.triggers: dict[str, tuple[float, Trigger]] = {}
         """Triggers looked up lately, by token, with when each stops being used
         (ingress/hooks.py); emptied when this process's admin API changes one."""
@@ -170,6 +181,7 @@ class Ingress:
         await self.pool.open(wait=False)
         self.completions.start()
         self.ledger.start()
+        self.rescuer.start()
         from tidegate.ingress.auth import load_admin_token
 
         await load_admin_token(self)
@@ -177,6 +189,7 @@ class Ingress:
     async def stop(self) -> None:
         await self.completions.stop()
         await self.ledger.stop()
+        await self.rescuer.stop()
         await self.pool.close()
 
 

@@ -64,6 +64,7 @@ from tidegate.storage.sql import Statement, Steps
 from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.execute import reported_outcome
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
+from tidegate.worker.services import rescue
 
 WORKER_BEARER = HTTPBearer(
     auto_error=False, scheme_name="worker token", description="A worker token (tgw_...)."
@@ -553,9 +554,8 @@ async def _maintain(ingress: Ingress, workloops: list[Any], tasks: list[str]) ->
         "wildcard": any("*" in chain for chain in chains),
         "limit": 5000,
     }
-    rescuing = {"channel": channel, "completed_channel": ingress.app.completed_channel}
     await ingress.run(_statement("stage_runs", staging))
-    await ingress.run(_statement("rescue_runs", {**rescuing, "limit": 5000}))
+    await rescue(ingress.pool, channel, ingress.app.completed_channel)
 
 
 async def _write(

@@ -35,9 +35,6 @@ holds the longer attempts. ``worker_counters.buckets`` holds a count per bucket 
 order: other bounds need a migration of its rows. Waits from due to claimed use them too."""
 CLAIMED = "claimed"
 """The series of claims: their count, and how long each run waited from due to claimed."""
-RESCUED = "rescued"
-"""The series of attempts ended by the rescuer (their lease lapsed): a count, no time."""
-
 Series = tuple[str, str, str]
 """(task, lane, outcome)"""
 
@@ -118,11 +115,6 @@ class Counters(Tallies[Series]):
             if run.attempted_at is not None:
                 wait = (run.attempted_at - run.scheduled_at).total_seconds()
                 self.tally((run.task, run.lane, CLAIMED)).observe(max(wait, 0.0))
-
-    def rescued(self, rows: Iterable[tuple[str, str, int]]) -> None:
-        """Count the runs the rescuer took back, by (task, lane, count): no handler time."""
-        for task, lane, count in rows:
-            self.tally((task, lane, RESCUED)).count += count
 
 
 def as_json(taken: dict[Series, Tally]) -> str:

@@ -63,6 +63,7 @@ from tidegate.worker.services import (
     describe,
     fetch,
     passing,
+    rescue,
     retry_delay,
 )
 
@@ -487,10 +488,7 @@ class Worker:
             Periodic(
                 "rescuer",
                 self.settings.rescue_seconds,
-                functools.partial(
-                    self.rescue,
-                    {**channel, "limit": BATCH_LIMIT, "completed_channel": app.completed_channel},
-                ),
+                functools.partial(rescue, self.pool, app.available_channel, app.completed_channel),
             ),
             Periodic(
                 "pruner",
@@ -708,12 +706,6 @@ class Worker:
         for loop in self.workloops:
             loop.forget_waiting(waiting - set(renewed))
         return False
-
-    async def rescue(self, params: dict[str, Any]) -> bool:
-        """Take back the runs whose lease lapsed; count them; a full batch goes again."""
-        rows = await fetch(self.pool, "rescue_runs", params)
-        self.counters.rescued(rows)
-        return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
 
     async def fire_schedules(self) -> bool:
         """Fire the due schedules of this worker's tasks (worker/scheduler.py)."""

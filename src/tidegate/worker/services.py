@@ -6,7 +6,8 @@
   worker's tasks.
 - ``Parker``: sets pending the runs at the head of this worker's lanes whose task no
   live worker has.
-- ``Rescuer``: returns the runs of workers whose leases ran out.
+- ``Rescuer``: returns the runs of workers whose leases ran out (``rescue``; every API
+  process runs one too).
 - ``Pruner``: deletes finished runs past retention, one process at a time.
 - ``Folder``: folds the counters of workers that are no longer live into ``retired``.
 - ``Scheduler``: fires the due schedules of this worker's tasks (worker/scheduler.py).
@@ -36,6 +37,7 @@ from tidegate.errors import TidegateError
 from tidegate.runs import Run
 from tidegate.storage.database import transient
 from tidegate.storage.sql import query
+from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.execute import Outcome
 
 if TYPE_CHECKING:
@@ -152,6 +154,31 @@ async def fetch(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) ->
     async with pool.connection() as conn:
         cursor = await conn.execute(query(name), params)
         return await cursor.fetchall() if cursor.description else []
+
+
+async def rescue(pool: AsyncConnectionPool, channel: str, completed_channel: str) -> bool:
+    """Take back the runs whose leases lapsed (``rescue_runs``), say so, and tell
+    whether a full batch asks to go again. Every worker does, and every API process: a
+    run stops counting toward its caps only once rescued, and with no worker alive the
+    API is the one left to do it."""
+    params = {
+        "channel": channel,
+        "completed_channel": completed_channel,
+        "limit": BATCH_LIMIT,
+        "buckets": len(DURATION_BUCKETS) + 1,
+    }
+    rows = await fetch(pool, "rescue_runs", params)
+    for task, lane, count in rows:
+        log.warning(
+            "rescued %d run(s) of task %r in lane %r: their leases lapsed (the worker "
+            "holding them stopped renewing them); available again, or discarded after "
+            "their last attempt",
+            count,
+            task,
+            lane,
+            extra={"task": task, "lane": lane},
+        )
+    return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
 
 
 class Link(Protocol):
