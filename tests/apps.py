@@ -47,6 +47,14 @@ def register(app: Tidegate) -> None:
             [run.id, run.attempt, os.getpid(), started],
         )
 
+    @app.task(name="append_line")
+    def append_line(path: str, **_: Any) -> None:
+        """Say outside the database that this attempt ran: a crash of the database
+        cannot take the line back."""
+        run = current_run()
+        with open(path, "a") as file:
+            file.write(f"{run.id} {run.attempt} {run.idempotency_key}\n")
+
     @app.task(name="noop")
     async def noop(**_: Any) -> None:
         return None

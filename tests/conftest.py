@@ -44,7 +44,7 @@ FAST = {
 """Short intervals so leases lapse and retries come back within a test."""
 
 
-def admission(trigger: dict[str, Any], key: str, *, durable: bool = True) -> dict[str, Any]:
+def admission(trigger: dict[str, Any], key: str) -> dict[str, Any]:
     """The parameters of ``admit_webhook.sql`` for an empty webhook to an async trigger
     (``trigger`` as ``projects.create_trigger`` returns it), its run under ``key``."""
     return {
@@ -62,7 +62,6 @@ def admission(trigger: dict[str, Any], key: str, *, durable: bool = True) -> dic
         "default_fast_lane_cap": 10,
         "live_seconds": 6.0,
         "channel": "c",
-        "durable": durable,
     }
 
 

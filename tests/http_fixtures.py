@@ -22,6 +22,7 @@ import httpx
 import psycopg
 
 from tidegate import Settings
+from tidegate.storage.embedded import pgdata_path
 
 ROOT = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "tga_test-super-admin"
@@ -244,3 +245,15 @@ class PrivatePostgres:
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(30)
+
+    def crash(self) -> None:
+        """Stop the server as a crash would: an immediate shutdown (SIGQUIT to the
+        postmaster), nothing flushed that was not already; the next start recovers
+        from the WAL."""
+        pid = int((pgdata_path(self.data_dir) / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGQUIT)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists():
+            assert time.monotonic() < deadline, "the server did not stop"
+            time.sleep(0.01)
+        self.stop()

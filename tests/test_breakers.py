@@ -35,9 +35,10 @@ from tidegate.policies import force_breaker, set_key_policy
 
 class Endpoint:
     """An HTTP endpoint on a free port answering every request as ``mode`` says: ``ok``
-    (200), ``fail`` (500), ``slow_fail`` (500 after ``delay`` seconds), ``hang`` (200
-    after ``delay`` seconds), ``busy`` (429 with ``Retry-After: 1``) or ``bad`` (400).
-    It records when each request came and went."""
+    (200), ``fail`` (500), ``slow_fail`` (500 after ``delay`` seconds), ``staggered_fail``
+    (500, every other request after ``delay`` seconds), ``hang`` (200 after ``delay``
+    seconds), ``busy`` (429 with ``Retry-After: 1``) or ``bad`` (400). It records when
+    each request came and went."""
 
     def __init__(self, mode: str = "ok", delay: float = 0.3) -> None:
         self.mode = mode
@@ -53,8 +54,9 @@ class Endpoint:
                 arrived, mode = time.monotonic(), endpoint.mode
                 with endpoint.lock:
                     endpoint.arrivals += 1
+                    late = endpoint.arrivals % 2 == 0
                 self.rfile.read(int(self.headers.get("content-length", 0)))
-                if mode in ("slow_fail", "hang"):
+                if mode in ("slow_fail", "hang") or (mode == "staggered_fail" and late):
                     time.sleep(endpoint.delay)
                 status = {"ok": 200, "hang": 200, "bad": 400, "busy": 429}.get(mode, 500)
                 self.send_response(status)
@@ -291,6 +293,48 @@ async def test_a_failed_probe_opens_it_again_for_twice_as_long_up_to_the_cap(
     # requests are probes spaced by the growing cooldown.
     gaps = [later - earlier for earlier, later in itertools.pairwise(spans[2:])]
     assert all(gap >= 0.4 for gap in gaps), gaps
+
+
+async def test_a_half_open_round_escalates_the_cooldown_once_however_its_probes_end(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    endpoints: Callable[..., Endpoint],
+    start_worker_process: Callable[..., Any],
+    worker_mode: Remote | None,
+) -> None:
+    """Two probes of one half-open round fail 0.3 s apart, in separate completion
+    batches: the first reopens the breaker for twice the cooldown, the second, claimed
+    before that, is not news. Each reopening comes a whole cooldown after the one before
+    (a new round's probe), so the cooldown doubles once per round."""
+    dead = endpoints("staggered_fail", delay=0.3)
+    await set_policy(
+        client,
+        "default",
+        "*",
+        breaker_failures=1,
+        breaker_cooldown_seconds=0.5,
+        breaker_max_cooldown_seconds=8,
+        breaker_probes=2,
+    )
+    await send(client, await forwarder(client, "dead", dead), 30)
+    start_worker_process("manual>*:4", remote=worker_mode)
+    openings: list[tuple[Any, float, int]] = []
+
+    def watched() -> bool:
+        state = breaker(sql, "default", dead.key)
+        if state and state["opened_at"] is not None:
+            seen = (state["opened_at"], state["cooldown_seconds"], state["trips"])
+            if seen not in openings[-1:]:
+                openings.append(seen)
+        return bool(openings) and openings[-1][1] >= 2.0
+
+    await wait_until(watched, timeout=30, interval=0.01)
+
+    cooldowns = [cooldown for _, cooldown, _ in openings]
+    assert cooldowns == [0.5, 1.0, 2.0], openings
+    assert [trips for _, _, trips in openings] == [1, 2, 3], openings
+    for (opened, cooldown, _), (reopened, _, _) in itertools.pairwise(openings):
+        assert (reopened - opened).total_seconds() >= cooldown, openings
 
 
 async def test_half_open_probes_in_flight_never_exceed_the_policy_across_four_workers(

@@ -10,6 +10,7 @@ import logging
 import signal
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,8 +21,8 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from tests.conftest import running_worker, spawn_worker, wait_until
-from tests.http_fixtures import ADMIN, ApiServer, assert_problem
+from tests.conftest import FAST, running_worker, spawn_worker, wait_until
+from tests.http_fixtures import ADMIN, ApiServer, PrivatePostgres, assert_problem
 from tidegate import ConfigError, Settings, Tidegate
 from tidegate.cli import main
 from tidegate.schedules import ScheduleError, Timing, create_schedule, get_schedule
@@ -179,6 +180,66 @@ async def test_four_worker_processes_make_exactly_one_run_per_tick_through_crash
         "SELECT count(*), count(DISTINCT pid) FROM executions e JOIN runs r ON r.id = e.run_id"
     ).fetchone()
     assert ran is not None and ran[1] > 1
+
+
+async def test_a_tick_is_one_run_whatever_a_database_crash_takes_back(tmp_path: Path) -> None:
+    """The database crashes (an immediate shutdown) right after a tick's run has
+    executed, three times: the firing and the claim were on disk before the handler
+    started (docs/guarantees.md), so the tick does not fire again as a second run,
+    and no attempt runs twice. What a crash may take back is an outcome: that run runs
+    again, as its next attempt."""
+    database = PrivatePostgres(tmp_path / "pg")
+    settings = Settings(database_url=database.start(), **FAST)  # type: ignore[arg-type]
+    lines = tmp_path / "ran"
+    lines.touch()
+    with Tidegate(settings=settings) as app:
+        app.migrate()
+        app.execute(
+            create_schedule(
+                "default",
+                "tick",
+                "append_line",
+                interval_seconds=1,
+                catch_up="all",
+                args={"path": str(lines)},
+            )
+        )
+    worker = spawn_worker(settings, "manual>*:2", "--schedule-seconds", "0.05")
+
+    def ran() -> list[tuple[int, int, str]]:
+        return [
+            (int(run_id), int(attempt), key)
+            for run_id, attempt, key in (line.split() for line in lines.read_text().splitlines())
+        ]
+
+    try:
+        for _ in range(3):
+            seen = len(ran())
+            await wait_until(lambda: len(ran()) > seen, 30, interval=0.005)  # noqa: B023
+            database.crash()
+            database.start()
+        # The worker comes back by itself, and the schedule goes on.
+        ticks = len({key for _, _, key in ran()})
+        await wait_until(lambda: len({key for _, _, key in ran()}) >= ticks + 2, 60)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(30)
+        try:
+            with psycopg.connect(database.url, autocommit=True) as conn:
+                stored = dict(
+                    conn.execute("SELECT id, idempotency_key FROM tidegate.runs").fetchall()
+                )
+        finally:
+            database.stop()
+
+    executed = ran()
+    attempts = [(run_id, attempt) for run_id, attempt, _ in executed]
+    assert len(attempts) == len(set(attempts)), executed  # no attempt ran twice
+    runs_of_tick: dict[str, set[int]] = {}
+    for run_id, _, key in executed:
+        runs_of_tick.setdefault(key, set()).add(run_id)
+    assert all(len(ids) == 1 for ids in runs_of_tick.values()), runs_of_tick
+    assert all(stored.get(run_id) == key for run_id, _, key in executed), (executed, stored)
 
 
 async def test_a_declared_schedule_is_written_fired_kept_through_restarts_and_removed_with_the_code(

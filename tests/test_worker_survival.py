@@ -150,7 +150,7 @@ async def test_a_handler_whose_run_left_the_worker_is_stopped_or_its_outcome_not
     worker_of: WorkerOf,
     task: str,
 ) -> None:
-    """As when a database crash loses a claim (the worker's commits are asynchronous):
+    """As when the run is taken from its worker behind its back (an operator's UPDATE):
     the run is available again while its handler still runs. The next heartbeat, which
     does not renew its lease, tells the worker: an async handler is cancelled there; a
     sync one cannot be, and its late outcome, not recorded, is noted in the run's errors.
@@ -181,6 +181,27 @@ async def test_a_handler_whose_run_left_the_worker_is_stopped_or_its_outcome_not
     else:
         assert finished.errors == []
         assert spans[0][0] < 1.5  # the first execution was stopped
+
+
+async def test_a_heartbeat_that_waited_for_a_lock_keeps_its_runs(
+    app: Tidegate, sql: psycopg.Connection, worker_of: WorkerOf
+) -> None:
+    """The runs table locked for longer than a lease (2 s): the heartbeat waits behind
+    the lock, then writes a lease from the time of its write, not from when it began
+    to wait, so no rescuer takes the run while its handler executes
+    (docs/guarantees.md)."""
+    run = app.enqueue("async_sleep_record", {"seconds": 5})
+    async with worker_of(app, "manual>*:1"):
+        await wait_until(lambda: states(sql) == {"running": 1}, 10)
+        with sql.transaction():
+            sql.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+            await asyncio.sleep(3)
+        await wait_until(lambda: states(sql) == {"succeeded": 1}, 15)
+    finished = app.get_run(run.id)
+    assert finished is not None
+    assert (finished.attempt, finished.errors) == (1, [])
+    (executed,) = sql.execute("SELECT count(*) FROM executions").fetchone() or (0,)
+    assert executed == 1
 
 
 async def test_a_service_stops_even_when_a_library_swallows_its_cancellation() -> None:

@@ -4,11 +4,11 @@ One table, one partial index for the claim, three statements, one asyncio worker
 does what tidegate's hot path does, and nothing else: batched insert with ``unnest``
 and a NOTIFY, a ``SKIP LOCKED`` claim of exactly as many jobs as there are free slots,
 a no-op coroutine per job, completions written in batches with ``unnest``,
-LISTEN/NOTIFY wake-ups with a poll as the safety net. Its worker commits claims and
-completions with ``synchronous_commit=off``, as tidegate's worker does, so both pay
-for the same durability. No leases, heartbeats, retries, lanes, idempotency keys,
-rescuer, stager or fairness: it is the practical limit, the line every system is
-measured against, not a queue anyone should run.
+LISTEN/NOTIFY wake-ups with a poll as the safety net. Its worker commits claims
+through the WAL flush and completions with ``synchronous_commit=off``, as tidegate's
+worker does, so both pay for the same durability. No leases, heartbeats, retries,
+lanes, idempotency keys, rescuer, stager or fairness: it is the practical limit, the
+line every system is measured against, not a queue anyone should run.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from psycopg.conninfo import make_conninfo
 from bench.systems.base import Adapter, Job, OnStart
 
 CHANNEL = "jobs"
-WORKER_SYNCHRONOUS_COMMIT = "off"
-"""As tidegate's worker commits its claims and completions."""
+COMPLETER_SYNCHRONOUS_COMMIT = "off"
+"""As tidegate's worker commits its completions (its claims wait for the flush)."""
 
 CREATE_JOBS = """
 CREATE TABLE jobs (
@@ -124,8 +124,9 @@ class RawWorker:
     """
 
     def __init__(self, url: str, slots: int, on_start: OnStart, poll_seconds: float = 1.0) -> None:
-        self.conninfo = make_conninfo(
-            url, options=f"-c synchronous_commit={WORKER_SYNCHRONOUS_COMMIT}"
+        self.conninfo = url
+        self.completer_conninfo = make_conninfo(
+            url, options=f"-c synchronous_commit={COMPLETER_SYNCHRONOUS_COMMIT}"
         )
         self.slots = slots
         self.on_start = on_start
@@ -140,7 +141,7 @@ class RawWorker:
         connect = psycopg.AsyncConnection.connect
         async with (
             await connect(self.conninfo, autocommit=True) as claimer,
-            await connect(self.conninfo, autocommit=True) as completer,
+            await connect(self.completer_conninfo, autocommit=True) as completer,
             await connect(self.conninfo, autocommit=True) as listener,
         ):
             await listener.execute(f"LISTEN {CHANNEL}")

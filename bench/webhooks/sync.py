@@ -267,7 +267,6 @@ def _admit_params(
         "default_fast_lane_cap": DEFAULT_FAST_LANE_CAP,
         "live_seconds": LIVE_SECONDS,
         "channel": f"{schema}.available",
-        "durable": lane != "fast_lane",
     }
 
 

@@ -9,10 +9,9 @@ database call admits or rejects (``admit_webhook``): 429 for the project's inges
 or fast-lane cap, 503 when no worker can take a fast-lane run, the run's key has its
 circuit breaker open (sync), or the backlog is full.
 An admitted async webhook is answered 202 once its request and run are committed; a
-sync one waits for its run. A sync admission commits without waiting for the WAL flush,
-so that its run starts at once; the flush is waited for beside the run, and every answer
-to a sync caller (the outcome, 202 at the trigger's timeout, an event stream) comes after
-it: no 2xx goes out before the request and its run are on disk.
+sync one waits for its run. Every admission commits through the WAL flush, a sync one
+too: its run is on disk before a worker can start it, so a database crash cannot undo a
+run that has executed (docs/guarantees.md).
 
 Every answer is counted, and a request to a known trigger that made no run is kept for
 the webhook log, by this process's ``Ledger`` (ingress/ledger.py): in memory, written
@@ -357,7 +356,6 @@ async def _answer(
             headers={**limits, **location},
         )
     if stream_after is not None:
-        await ingress.run(_flushed())
         stream = events.run_events(
             ingress,
             run_id,
@@ -368,9 +366,8 @@ async def _answer(
             _pending_event,
         )
         return events.stream_response(stream, {**limits, **location})
-    run, _ = await asyncio.gather(
-        _wait_for(ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"),
-        ingress.run(_flushed()),
+    run = await _wait_for(
+        ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"
     )
     if run is None or not run.state.finished:
         return JSONResponse(
@@ -599,15 +596,7 @@ def _admit(
             "default_fast_lane_cap": settings.fast_lane_cap,
             "live_seconds": 3 * settings.heartbeat_seconds,
             "channel": ingress.app.available_channel,
-            # A sync admission's flush is waited for beside its run (_answer).
-            "durable": lane != FAST_LANE,
         },
         dict_row,
     )
     return dict(rows[0])
-
-
-def _flushed() -> Steps[None]:
-    """Wait until a sync admission, committed without waiting for the WAL flush, is on
-    disk: before any answer to its caller."""
-    yield Statement("flush_wal", {})

@@ -93,7 +93,7 @@ class Database:
         """Tell whether tidegate runs its own server (no URL was configured)."""
         return self.settings.database_url is None
 
-    def conninfo(self, *, synchronous_commit: bool = True) -> str:
+    def conninfo(self) -> str:
         """Return the connection string.
 
         Without a URL, start (or join) the embedded server and bring its schema up to
@@ -101,8 +101,6 @@ class Database:
         migrate``; workers check its version at start.
         """
         options = f"-c search_path={self.settings.schema} -c timezone=UTC"
-        if not synchronous_commit:
-            options += " -c synchronous_commit=off"
         url = self.url()
         timeout = {}
         if "connect_timeout" not in conninfo_to_dict(url) and "PGCONNECT_TIMEOUT" not in os.environ:
@@ -152,20 +150,17 @@ class Database:
                 )
             return self._pool
 
-    def async_pool(
-        self, size: int | None = None, *, synchronous_commit: bool = True
-    ) -> AsyncConnectionPool:
+    def async_pool(self, size: int | None = None) -> AsyncConnectionPool:
         """Return a new async pool; the caller opens and closes it.
 
-        ``synchronous_commit=False`` is for the worker: its claims and completions need
-        not wait for the WAL flush. A database crash can lose the last fraction of a
-        second of them, which undoes nothing that is promised: a lost claim leaves the
-        run available, a lost completion leaves it running until its lease is rescued,
-        and either way it runs again (at-least-once). Enqueues and webhook admissions
-        keep synchronous commit: nothing is acknowledged before it is durable.
+        Its connections commit through the WAL flush, as every tidegate connection does:
+        whatever makes a run or decides who executes it (an enqueue, an admission, a
+        schedule's firing, a claim, a hand-back) is on disk before anything acts on it.
+        The few statements whose loss a crash makes harmless say so themselves
+        (``complete_runs``, ``beat_worker``: docs/guarantees.md).
         """
         return AsyncConnectionPool(
-            self.conninfo(synchronous_commit=synchronous_commit),
+            self.conninfo(),
             min_size=1,
             max_size=size or self.settings.pool_size,
             kwargs=CONNECTION,

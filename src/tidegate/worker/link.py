@@ -46,9 +46,7 @@ class DatabaseLink:
 
     def __init__(self, app: Tidegate, size: int) -> None:
         self.app = app
-        self.pool: AsyncConnectionPool = app.database.async_pool(
-            size=size, synchronous_commit=False
-        )
+        self.pool: AsyncConnectionPool = app.database.async_pool(size=size)
 
     async def open(self, worker: Worker) -> None:
         """Refuse a schema older or newer than this code; open the pool."""

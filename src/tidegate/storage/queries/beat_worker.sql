@@ -5,16 +5,20 @@
 -- the same round trip. A remote worker (token: its worker token's name) beats through
 -- the API (ingress/workers_api.py); what it holds and no longer has (cancelled, rescued)
 -- is what it sent and is not among the renewed.
+-- The heartbeat and the leases are stamped with the time of the write, not the
+-- transaction's start: a beat that waited for a lock (a table locked for seconds) would
+-- otherwise write a lease that had already run out, and its runs would be rescued while
+-- their handlers execute.
 WITH beat AS (
-    INSERT INTO workers (id, host, pid, workloops, tasks, token)
+    INSERT INTO workers (id, host, pid, workloops, tasks, token, heartbeat_at)
     VALUES (%(worker_id)s, %(host)s, %(pid)s, %(workloops)s::jsonb, %(tasks)s::text[],
-            %(token)s)
+            %(token)s, clock_timestamp())
     ON CONFLICT (id) DO UPDATE
-    SET workloops = excluded.workloops, tasks = excluded.tasks, heartbeat_at = now()
+    SET workloops = excluded.workloops, tasks = excluded.tasks, heartbeat_at = clock_timestamp()
 ),
 renewed AS (
     UPDATE runs
-    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8)
+    SET lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s::float8)
     WHERE id = ANY(%(run_ids)s::bigint[]) AND state = 'running' AND worker_id = %(worker_id)s
     RETURNING id
 ),
@@ -43,4 +47,8 @@ minutes AS (
     ON CONFLICT (minute, source, project, lane, outcome) DO UPDATE
     SET count = m.count + excluded.count
 )
-SELECT coalesce(array_agg(id), '{}') AS renewed FROM renewed
+-- A heartbeat commits without waiting for the WAL flush: a crash may lose the last
+-- one, whose leases the one before still covers for most of a lease.
+SELECT coalesce(array_agg(id), '{}') AS renewed,
+       set_config('synchronous_commit', 'off', true) AS commit_mode
+FROM renewed

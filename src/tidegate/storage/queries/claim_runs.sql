@@ -17,7 +17,7 @@
 --     sets those no live worker has 'pending', out of the way.
 --   FOR UPDATE SKIP LOCKED lets concurrent claimers pass each other's rows; the update
 --   probes runs_pkey with the array of picked ids.
--- Where limits are set, the function claim_runs_keyed (migration 0007) claims instead,
+-- Where limits are set, the function claim_runs_keyed (migration 0022) claims instead,
 -- key by key under advisory locks; the one-time filter on `limits` means only one of
 -- the two runs. It also returns as 'pending' the runs it passed over of tasks no live
 -- worker has.
@@ -64,7 +64,8 @@ claimed AS (
         attempted_at = now(),
         worker_id = %(worker_id)s,
         workloop = %(workloop)s,
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s::float8),
+        -- The time of the write: a claim that waited for a lock still gets a whole lease.
+        lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s::float8),
         probe = false
     WHERE id = ANY(ARRAY(SELECT id FROM named UNION ALL SELECT id FROM rest))
     RETURNING *
