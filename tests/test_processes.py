@@ -7,17 +7,23 @@ from the database.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql as sql_text
+from psycopg.conninfo import make_conninfo
 
-from tests.conftest import ROOT, spawn_worker, stop_worker, wait_until
+from tests.conftest import FAST, ROOT, spawn_worker, stop_worker, wait_until
 from tidegate import NewRun, RunState, Settings, Tidegate
 from tidegate.storage.migrate import migrations
 
@@ -205,6 +211,44 @@ async def test_sigterm_never_hands_back_a_run_whose_handler_still_executes(
             # Stopped, then handed back, then run again by the second worker.
             assert [pid for _, _, pid in ran] == [first.pid, second.pid], ran
     assert count(sql, "attempt = 1 AND errors = '[]'") == 8
+
+
+async def test_sigterm_ends_within_the_grace_when_the_database_is_gone(
+    database_url: str, processes: list[subprocess.Popen[bytes]]
+) -> None:
+    """A stopping worker whose database was dropped under it: claims, outcomes and its
+    last words all fail, and it still exits within its grace (5 s), not after a pool's
+    wait for a connection that never comes."""
+    name = f"tidegate_gone_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(sql_text.SQL("CREATE DATABASE {}").format(sql_text.Identifier(name)))
+    try:
+        settings = Settings(database_url=make_conninfo(database_url, dbname=name), **FAST)  # type: ignore[arg-type]
+        with Tidegate(settings=settings) as app:
+            app.migrate()
+            app.enqueue("async_sleep", {"seconds": 60})
+        worker = spawn_worker(settings, "manual>*:2")
+        processes.append(worker)
+        with psycopg.connect(settings.database_url or "", autocommit=True) as conn:
+            await wait_until(
+                lambda: (
+                    conn.execute(
+                        "SELECT count(*) FROM tidegate.runs WHERE state = 'running'"
+                    ).fetchone()
+                    == (1,)
+                ),
+                20,
+            )
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(
+                sql_text.SQL("DROP DATABASE {} WITH (FORCE)").format(sql_text.Identifier(name))
+            )
+
+    signalled = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    await asyncio.to_thread(worker.wait, 60)
+    assert time.monotonic() - signalled < FAST["shutdown_grace_seconds"] + 5
 
 
 def test_processes_migrating_at_once_apply_each_migration_once(

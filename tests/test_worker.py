@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import Remote, WorkerOf, running_worker, wait_until
 from tidegate import NewRun, RunState, Tidegate, current_run
+from tidegate.worker import runtime
 from tidegate.worker.runtime import Pace
 
 
@@ -403,7 +404,7 @@ async def test_workloop_never_runs_more_runs_than_its_slots(
     assert max(seen_in_process) == 3
     # Handlers slower than a claim: no run is claimed ahead of a free slot.
     assert max(seen_waiting) == 0
-    assert worker.link.remote or loop.pace.ahead == 0
+    assert worker.link.remote or loop.pace.ahead(0) == 0
     # A slot frees when its handler returns; the database shows the run running until
     # its outcome is written, and a workloop holds at most `slots` unwritten outcomes.
     assert 0 < max(seen_running) <= 6
@@ -473,9 +474,65 @@ async def test_a_workloop_claims_ahead_for_handlers_faster_than_a_claim_yet_runs
 
 @pytest.fixture
 def claims_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every workloop claims a slots' worth of runs ahead, as it does while its handlers
-    return faster than its claims."""
-    monkeypatch.setattr(Pace, "ahead", property(lambda pace: pace.slots))
+    """Every workloop claims runs ahead, as it does while its handlers return faster
+    than its claims, and a run claimed ahead waits for a slot as long as it takes (not
+    ``HOLD_SECONDS``): what the worker does with such a run, whenever it is."""
+    monkeypatch.setattr(Pace, "ahead", lambda pace, overdue: pace.slots)
+    monkeypatch.setattr(runtime, "HOLD_SECONDS", 60.0)
+
+
+@pytest.fixture
+def handlers_faster_than_claims(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every workloop claims ahead as it does while its handlers return faster than its
+    claims (one run for each slot whose handler is not overdue), whatever the timing."""
+    monkeypatch.setattr(Pace, "ahead", lambda pace, overdue: pace.slots - overdue)
+
+
+@pytest.mark.usefixtures("handlers_faster_than_claims")
+async def test_a_run_claimed_ahead_never_waits_behind_a_slow_handler_while_a_slot_is_free(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """Runs claimed ahead for two slots whose handlers turn out slow go back within
+    milliseconds, their attempts not counted, and a worker with free slots runs them at
+    once: none waits for the slow handlers, and the slow workloop does not claim again
+    while its handlers are overdue (docs/guarantees.md)."""
+    slow = app.enqueue_many(
+        [NewRun("async_sleep_record", {"seconds": 30}, priority=0) for _ in range(2)]
+    )
+    quick = app.enqueue_many([NewRun("record", priority=1) for _ in range(4)])
+    quick_ids = [run.id for run in quick]
+
+    def attempted() -> list[Any]:
+        rows = sql.execute(
+            "SELECT attempted_at FROM runs WHERE id = ANY(%s) ORDER BY id", [quick_ids]
+        )
+        return [row[0] for row in rows]
+
+    async with running_worker(app, "manual>*:2", shutdown_grace_seconds=0.2) as first:
+        (loop,) = first.workloops
+        await wait_until(lambda: len(loop.handling) == 2, 10)
+        # Its first claim took both slow runs and two quick ones ahead; those two are
+        # handed back once no slot took them within the hold.
+        claimed_ahead = count(sql, "id = ANY(%s) AND attempted_at IS NOT NULL", [quick_ids])
+        assert claimed_ahead == 2
+        await wait_until(lambda: count(sql, "state = 'available'") == 4, 10)
+        assert count(sql, "state = 'running'") == 2
+        assert count(sql, "id = ANY(%s) AND attempt = 0", [quick_ids]) == 4
+        # Overdue handlers are not counted on: no claim ahead, no churn (a run claimed
+        # again would carry a new attempted_at).
+        before = attempted()
+        await asyncio.sleep(1.0)
+        assert attempted() == before
+        assert not loop.waiting and not loop.releasing
+        async with running_worker(app, "manual>*:4") as second:
+            await wait_until(lambda: finished(app, quick_ids), 15)
+        assert state_of(app, slow[0].id) is RunState.RUNNING
+    ran_on = {
+        row[0] for row in sql.execute("SELECT worker_id FROM runs WHERE id = ANY(%s)", [quick_ids])
+    }
+    assert ran_on == {second.id}
+    assert count(sql, "id = ANY(%s) AND attempt = 1", [quick_ids]) == 4
+    assert [executions(sql, run_id) for run_id in quick_ids] == [1, 1, 1, 1]
 
 
 @pytest.mark.usefixtures("claims_ahead")

@@ -75,11 +75,16 @@ class DatabaseLink:
         rows = await fetch(self.pool, "beat_worker", params)
         return list(rows[0][0])
 
+    async def release(self, worker_id: str, run_ids: list[int], channel: str) -> None:
+        """Hand back runs it holds and has not started: available again, the attempts
+        not counted, their lanes woken."""
+        params = {"ids": run_ids, "worker_id": worker_id, "channel": channel}
+        await fetch(self.pool, "release_runs", params)
+
     async def leave(self, worker_id: str, handed_back: list[int], channel: str) -> None:
         """Hand back the runs it will not finish, and remove the worker's row."""
         if handed_back:
-            params = {"ids": handed_back, "worker_id": worker_id, "channel": channel}
-            await fetch(self.pool, "release_runs", params)
+            await self.release(worker_id, handed_back, channel)
         await fetch(self.pool, "delete_worker", {"worker_id": worker_id})
 
     async def close(self) -> None:

@@ -4,10 +4,13 @@ A worker process runs one or more workloops (``"fast_lane:1 manual>*:4"``). Each
 workloop claims as many runs as it has free slots, in one statement, and never lends
 slots to another, so a fast-lane slot is free when a fast-lane run arrives, however long
 the backlog elsewhere. Where its handlers finish faster than a claim's round trip, a
-workloop also claims a slots' worth of runs ahead (``Pace``): they wait for a slot in
-the worker, not in the database, and no more than ``slots`` handlers execute at once. A
-workloop wakes on a NOTIFY for a lane its chain admits, on a slot freeing, or, as a
-safety net, every ``poll_seconds``.
+workloop also claims runs ahead (``Pace``), one for each slot whose handler is about to
+return: they wait for a slot in the worker, no more than ``slots`` handlers execute at
+once, and a run that has not started within ``HOLD_SECONDS`` is handed back to
+``available`` (its attempt not counted), so ``running`` means a handler executes the run
+or will within milliseconds, and no run waits behind a slow handler while another
+worker has a free slot (docs/guarantees.md). A workloop wakes on a NOTIFY for a lane its
+chain admits, on a slot freeing, or, as a safety net, every ``poll_seconds``.
 
 A worker claims only runs of the tasks it has (its app's tasks when it starts, also
 advertised in its row): a claim passes over a run of another task, leaving it for a
@@ -73,6 +76,15 @@ CLAIM_SCAN_LIMIT = 500
 """Candidates a claim looks at, at most, past runs of keys at their limits."""
 CLAIM_HEAD_SCAN = 64
 """Candidates a claim looks at at the head of a lane before it jumps to the frontier."""
+WRITE_RESERVE_SECONDS = 3.0
+"""Of the shutdown's grace, what is kept for the last writes (outcomes, hand-backs, the
+worker's row): at most a fifth of it."""
+LAST_WORDS_SECONDS = 1.0
+"""How long the last writes may take at least, when sync handlers outlasted the grace."""
+HOLD_SECONDS = 0.01
+"""How long a run claimed ahead may wait in the worker for a slot before it is handed
+back: runs are claimed ahead only for handlers that return within a claim's round trip
+(about a millisecond), so one that has waited this long waits behind a slow handler."""
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -97,10 +109,16 @@ class Workloop(Service):
         runs until their outcome is written."""
         self.runs: dict[int, Run] = {}
         """The runs of ``running``, by id."""
-        self.handling: dict[int, tuple[asyncio.Task[None], Run]] = {}
-        """The runs whose handlers execute now, by id: the task and the run it was given."""
+        self.handling: dict[int, tuple[asyncio.Task[None], Run, float]] = {}
+        """The runs whose handlers execute now, by id: the task, the run it was given,
+        and when it started (``time.monotonic()``)."""
         self.waiting: dict[int, Run] = {}
-        """Runs claimed ahead (``Pace``) that wait for a slot, in claim order."""
+        """Runs claimed ahead (``Pace``) that wait for a slot, in claim order; each is
+        handed back if no slot takes it within ``HOLD_SECONDS``."""
+        self.releasing: set[int] = set()
+        """Runs claimed ahead that waited too long, being handed back (their leases are
+        renewed until they are)."""
+        self.releases: set[asyncio.Task[None]] = set()
         self.pace = Pace(spec.slots)
         self.places = {lane: place for place, lane in enumerate(spec.named_lanes)}
         """The lanes the chain names, by their place in it."""
@@ -128,9 +146,9 @@ class Workloop(Service):
 
     @property
     def free(self) -> int:
-        """How many runs to claim: the free slots, plus a slots' worth while its handlers
-        return faster than a claim's round trip (``Pace``), less the runs already waiting
-        for a slot. A slot frees
+        """How many runs to claim: the free slots, plus one for each slot whose handler is
+        about to return while handlers return faster than a claim's round trip
+        (``Pace``), less the runs already waiting for a slot. A slot frees
         when its handler returns, except a fast-lane run's, which frees once its outcome
         is written (a sync caller waits for it, and the admission counts fast-lane
         slots from the database). So that a slow database slows claiming, at most
@@ -142,9 +160,15 @@ class Workloop(Service):
         slots = self.spec.slots
         if self.worker.link.remote:
             return slots - self.unwritten - len(self.running)
-        room = slots + self.pace.ahead
+        room = slots + self.pace.ahead(self.overdue())
         held = len(self.running) + len(self.waiting)
         return min(room, room + slots - self.unwritten) - held
+
+    def overdue(self) -> int:
+        """How many handlers have executed longer than a run claimed ahead may wait: their
+        slots are not about to free."""
+        since = time.monotonic() - HOLD_SECONDS
+        return sum(1 for _, _, started in self.handling.values() if started < since)
 
     def admits(self, lane: str) -> bool:
         return chain_admits(self.spec.chain, lane)
@@ -191,6 +215,9 @@ class Workloop(Service):
                 )
                 for run in claimed:
                     self.launch(run)
+                ahead = {run.id for run in claimed} & self.waiting.keys()
+                if ahead:
+                    asyncio.get_running_loop().call_later(HOLD_SECONDS, self.give_back, ahead)
                 parked = [run for run in runs if run.state is RunState.PENDING]
                 if parked:
                     _log_parked(parked)
@@ -226,6 +253,43 @@ class Workloop(Service):
         self.running[run.id] = asyncio.create_task(self.execute(run), name=f"tidegate.run-{run.id}")
         self.runs[run.id] = run
 
+    def give_back(self, run_ids: set[int]) -> None:
+        """Hand back those of ``run_ids`` still waiting for a slot: no handler of this
+        workloop returned in time, so another worker's free slot should take them. At
+        shutdown, the worker hands them back with the rest."""
+        late = [run_id for run_id in run_ids if run_id in self.waiting]
+        if not late or self.worker.stopping.is_set():
+            return
+        for run_id in late:
+            del self.waiting[run_id]
+        self.releasing.update(late)
+        task = asyncio.create_task(self.release(late), name="tidegate.give-back")
+        self.releases.add(task)
+        task.add_done_callback(self.releases.discard)
+
+    async def release(self, run_ids: list[int]) -> None:
+        """Make ``run_ids`` available again, their attempts not counted, retrying while
+        the database is unavailable (their leases are renewed meanwhile)."""
+        worker = self.worker
+        # Only a local worker claims ahead: the API gives a remote workloop no more runs
+        # than its free slots.
+        assert isinstance(worker.link, DatabaseLink)
+        failures = 0
+        while True:
+            try:
+                await worker.link.release(worker.id, run_ids, worker.app.available_channel)
+                break
+            except LINK_ERRORS as error:
+                failures += 1
+                log.warning(
+                    "%s: could not hand back %d run(s) claimed ahead, retrying: %s",
+                    self.name,
+                    len(run_ids),
+                    describe(error),
+                )
+                await asyncio.sleep(retry_delay(failures))
+        self.releasing.difference_update(run_ids)
+
     async def execute(self, run: Run) -> None:
         worker = self.worker
         started = time.monotonic()
@@ -233,7 +297,7 @@ class Workloop(Service):
         me = asyncio.current_task()
         assert me is not None
         with span("execute", **run.fields) as executing:
-            self.handling[run.id] = (me, run)
+            self.handling[run.id] = (me, run, started)
             try:
                 outcome = await execute(
                     run, worker.tasks[run.task], worker.executor, worker.settings
@@ -299,7 +363,7 @@ class Workloop(Service):
         found = self.handling.get(run_id)
         if found is None or found[0] in self.lost or execution not in (None, found[0]):
             return
-        task, run = found
+        task, run, _ = found
         self.lost.add(task)
         is_async = self.worker.tasks[run.task].is_async
         log.warning(
@@ -325,16 +389,18 @@ class Workloop(Service):
 
 
 class Pace:
-    """Whether a workloop claims runs ahead of its free slots: a slots' worth while its
-    handlers return faster than a claim's round trip, else none.
+    """Whether a workloop claims runs ahead of its free slots: while its handlers return
+    faster than a claim's round trip, one for each slot whose handler is not overdue;
+    else none.
 
     Where handlers return within a claim's round trip (a drain of short runs), every
     slot would stand empty while each claim travels; the runs claimed ahead fill them at
     once instead. A run claimed ahead waits for one handler to return, shorter than a
     claim's round trip, so a key that turns up meanwhile is held back no longer than a
-    claim would have taken anyway. Where handlers take longer, nothing is claimed ahead.
-    Both durations are smoothed over recent ones (exponentially, ``WEIGHT`` to the
-    newest)."""
+    claim would have taken anyway. Where handlers take longer, nothing is claimed ahead,
+    and a slot whose handler has run past ``HOLD_SECONDS`` (a slow run among fast ones)
+    is not counted on. Both durations are smoothed over recent ones (exponentially,
+    ``WEIGHT`` to the newest)."""
 
     WEIGHT = 0.2
 
@@ -345,10 +411,10 @@ class Pace:
         self.claim_seconds = 0.0
         """How long a claim takes, from asking to the runs in hand."""
 
-    @property
-    def ahead(self) -> int:
-        """Runs to claim beyond the free slots."""
-        return self.slots if self.run_seconds < self.claim_seconds else 0
+    def ahead(self, overdue: int) -> int:
+        """Runs to claim beyond the free slots, ``overdue`` of the slots' handlers having
+        run past ``HOLD_SECONDS``."""
+        return self.slots - overdue if self.run_seconds < self.claim_seconds else 0
 
     def ran(self, seconds: float) -> None:
         if math.isinf(self.run_seconds):
@@ -582,16 +648,38 @@ class Worker:
             )
 
     async def shutdown(self) -> None:
+        """Stop within ``shutdown_grace_seconds``, whatever the database (or the API)
+        does: handlers get the grace less ``WRITE_RESERVE_SECONDS``, the last writes
+        (outcomes, hand-backs, the worker's row) what is left. Only a sync handler that
+        outlasts the grace keeps the worker (its thread cannot be stopped)."""
+        clock = asyncio.get_running_loop().time
+        grace = self.settings.shutdown_grace_seconds
+        deadline = clock() + grace
+        handlers_until = deadline - min(WRITE_RESERVE_SECONDS, grace / 5)
         self.stopping.set()
+        held = sum(len(loop.running) + len(loop.waiting) for loop in self.workloops)
+        log.info(
+            "worker %s: stopping: no more claims; %d run(s) in hand get up to %gs",
+            self.id,
+            held,
+            grace,
+        )
         for loop in self.workloops:
             loop.wake.set()
-        await asyncio.gather(*(loop.task for loop in self.workloops if loop.task))
+        # A claim in flight ends the loop's turn; one the database does not answer is
+        # given up (what it may have claimed lapses and is rescued).
+        claiming = [loop.task for loop in self.workloops if loop.task and not loop.task.done()]
+        if claiming:
+            _, stuck = await asyncio.wait(claiming, timeout=max(0.0, handlers_until - clock()))
+            for task in stuck:
+                task.cancel()
+            await asyncio.gather(*stuck, return_exceptions=True)
         in_flight = {
             run_id: task for loop in self.workloops for run_id, task in loop.running.items()
         }
         if in_flight:
             log.info("worker %s: waiting for %d runs", self.id, len(in_flight))
-            await asyncio.wait(in_flight.values(), timeout=self.settings.shutdown_grace_seconds)
+            await asyncio.wait(in_flight.values(), timeout=max(0.0, handlers_until - clock()))
         unfinished = [task for task in in_flight.values() if not task.done()]
         if unfinished:
             threads = sum(
@@ -614,23 +702,28 @@ class Worker:
         # leases until the handlers have returned or stopped.
         await asyncio.gather(*in_flight.values(), return_exceptions=True)
         # Runs that waited for a slot never started (none takes one once stopping):
-        # handed back with the interrupted ones, their leases renewed until then.
-        handed_back = [run_id for loop in self.workloops for run_id in loop.waiting]
+        # handed back with the interrupted ones, their leases renewed until then, as are
+        # those claimed ahead that were being handed back.
+        for loop in self.workloops:
+            for release in list(loop.releases):
+                release.cancel()
+        handed_back = [
+            run_id for loop in self.workloops for run_id in (*loop.waiting, *loop.releasing)
+        ]
         handed_back += [run_id for run_id, task in in_flight.items() if task.cancelled()]
         # Bounded: a database (or API) that stays down must not keep the worker alive.
-        await self.completer.drain(self.settings.shutdown_grace_seconds)
+        # Sync handlers that outlasted the grace still get their outcomes a moment.
+        writes_until = max(deadline, clock() + LAST_WORDS_SECONDS)
+        await self.completer.drain(writes_until - clock())
         for service in self.services:
             await service.stop()
         try:
             if handed_back:
                 log.info("worker %s: handing back %d runs", self.id, len(handed_back))
-            # A last beat writes what was counted since the previous one; once the row
-            # is gone, the fold moves the counters into those of 'retired'.
-            await self.beat()
-            await self.link.leave(self.id, handed_back, self.app.available_channel)
-            if isinstance(self.link, DatabaseLink):
-                await self._fold()
-        except LINK_ERRORS as error:
+            await asyncio.wait_for(
+                self.leave(handed_back), max(LAST_WORDS_SECONDS / 2, writes_until - clock())
+            )
+        except (TimeoutError, *LINK_ERRORS) as error:
             log.warning(
                 "worker %s: %s gone at shutdown, leases will expire, the attempts "
                 "finished since the last heartbeat go uncounted: %s",
@@ -643,6 +736,15 @@ class Worker:
             await self.app.aclose_pool()
             self.executor.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped", self.id)
+
+    async def leave(self, handed_back: list[int]) -> None:
+        """The last words: a beat writes what was counted since the previous one, the
+        runs not finished go back, the worker's row goes; once it is gone, the fold moves
+        its counters into those of 'retired'."""
+        await self.beat()
+        await self.link.leave(self.id, handed_back, self.app.available_channel)
+        if isinstance(self.link, DatabaseLink):
+            await self._fold()
 
     # -- what the services do ------------------------------------------------------
 
@@ -671,13 +773,17 @@ class Worker:
             {"chain": list(loop.spec.chain), "slots": loop.spec.slots, "busy": len(loop.running)}
             for loop in self.workloops
         ]
-        held = [run_id for loop in self.workloops for run_id in (*loop.running, *loop.waiting)]
+        held = [
+            run_id
+            for loop in self.workloops
+            for run_id in (*loop.running, *loop.waiting, *loop.releasing)
+        ]
         held += list(self.completer.pending)
         waiting = {run_id for loop in self.workloops for run_id in loop.waiting}
         handling = {
             run_id: (loop, task)
             for loop in self.workloops
-            for run_id, (task, _) in loop.handling.items()
+            for run_id, (task, _, _) in loop.handling.items()
         }
         counted = self.counters.take()
         try:

@@ -415,10 +415,9 @@ class Completer(Service):
             await asyncio.wait_for(settle(), timeout)
         except TimeoutError:
             log.error(
-                "%d outcome(s) could not be written within %gs of the shutdown, given "
+                "%d outcome(s) could not be written within the shutdown's grace, given "
                 "up: run(s) %s run again once their leases lapse",
                 len(self.pending),
-                timeout,
                 ", ".join(map(str, sorted(self.pending))),
             )
         await self.stop()
