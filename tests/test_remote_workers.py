@@ -385,8 +385,10 @@ async def test_remote_and_local_workers_share_a_burst_exactly_once_within_key_li
     server: ApiServer = start_api(processes=2)
     app.set_key_policy("default", "*", max_running=2)
     start_worker_process("default:4")
+    # Runs of 50 ms: the local worker's four slots alone take five seconds for them, so
+    # the remote workers, however slow to start, find runs left to share.
     runs = await app.aenqueue_many(
-        [NewRun("echo", {"n": n}, key=f"tenant{n % 8}") for n in range(400)]
+        [NewRun("async_sleep", {"seconds": 0.05, "n": n}, key=f"tenant{n % 8}") for n in range(400)]
     )
     widest = 0
 
@@ -400,7 +402,7 @@ async def test_remote_and_local_workers_share_a_burst_exactly_once_within_key_li
             await asyncio.sleep(0.01)
 
     async def remote(client: httpx.AsyncClient, token: dict[str, str]) -> list[int]:
-        worker = await RemoteWorker.register(client, token, "default:4", ["echo"])
+        worker = await RemoteWorker.register(client, token, "default:4", ["async_sleep"])
         done: list[int] = []
         while True:
             claimed = await worker.claim(4, wait=1)
