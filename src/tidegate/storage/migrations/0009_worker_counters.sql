@@ -4,7 +4,8 @@
 -- own rows, in the heartbeat's statement: a completion writes nothing, and no two
 -- workers write the same row. The rows of a worker that stopped or died are folded
 -- into those of worker_id 'retired' (queries/fold_counters.sql),
--- so the table holds a few rows per live worker and the sums never go back.
+-- so the table holds a few rows per live worker and the sums never go back. The
+-- aggregate that sums their buckets (sum_buckets) was added here; see functions/.
 CREATE TABLE worker_counters (
     worker_id text   NOT NULL,
     task      text   NOT NULL,
@@ -19,12 +20,3 @@ CREATE TABLE worker_counters (
     buckets   bigint[] NOT NULL,
     PRIMARY KEY (worker_id, task, lane, outcome)
 );
-
--- Two bucket arrays added element by element.
-CREATE FUNCTION add_buckets(a bigint[], b bigint[]) RETURNS bigint[]
-LANGUAGE sql IMMUTABLE STRICT AS $$
-    SELECT array_agg(x + y ORDER BY i) FROM unnest(a, b) WITH ORDINALITY AS u(x, y, i)
-$$;
-
--- The element-by-element sum of bucket arrays (the first one is the starting state).
-CREATE AGGREGATE sum_buckets(bigint[]) (SFUNC = add_buckets, STYPE = bigint[]);

@@ -1,15 +1,2 @@
--- The key clock's probes read the lane's whole backlog when the statistics predate it.
--- key_clock finds a key's newest ready run (lane = L AND key = K AND state = 'available'
--- ORDER BY vtime DESC LIMIT 1), which runs_key_ready (lane, key, vtime) answers with one
--- probe. Statistics taken while no run was ready (a quiet system's table, ANALYZEd while
--- its runs were all finished) make the planner expect no ready run at all: every index
--- on ready runs then costs about the same, and past some backlog size it took another
--- one (runs_waiting, or runs_claim_lane), filtered the key out of every ready run of the
--- lane and sorted what was left. Every enqueue, staging, retry and webhook admission
--- then read the backlog once per key (16 ms per key at 50,000 ready runs; a batch of
--- 1,000 runs over 20 keys went from 80 to 440 ms as 20,000 runs were enqueued) until
--- autovacuum's next ANALYZE, which on a large table of finished runs comes late.
--- Both probes ask for an order that an index gives: with sorting ruled out, only that
--- index is a plan (in test_claim_plan's stale-statistics test a 200-run batch over 20
--- keys scanned 1,000,020 rows before, 40 after).
-ALTER FUNCTION key_clock(text, text) SET enable_sort = off;
+-- key_clock's probes got sorting ruled out here; see functions/key_clock.sql. No table
+-- changed.

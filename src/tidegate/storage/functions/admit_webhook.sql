@@ -1,0 +1,218 @@
+-- Admit one webhook, or say why not, in one round trip and one transaction
+-- (admit_webhook.sql). Checks in order, the first that applies answers; a rejection
+-- inserts nothing:
+--   replayed      a repeat of an admitted request (same idempotency key on the same
+--                 trigger): the original run, before any limit. An advisory lock on the
+--                 key serializes two copies arriving at once; the second then finds the
+--                 first (requests_idempotency). Keys are per trigger: two senders may
+--                 well use the same ids.
+--   rate_limited  the project's ingest rate and burst (GCRA on projects.ingest_tat).
+--   breaker_open  fast lane: the run's key has an open breaker (or one forced open).
+--                 A forwarding trigger's runs are keyed by their destination (its
+--                 breaker key), so one dead endpoint's breaker holds back only its own.
+--   over_cap      fast lane: the project's in-flight fast-lane runs are at its cap.
+--                 Counted from the runs themselves (runs_fast_lane_inflight, at most cap
+--                 rows) under an advisory lock on the project held to commit, so two API
+--                 processes can never both take the last place, and a finished run frees
+--                 its place by finishing: there is no counter to drift.
+--   no_worker     fast lane: no live worker has the task and a workloop that can take
+--                 fast_lane.
+--   no_capacity   fast lane: no such worker has a free slot. Free slots are counted per
+--                 workloop from its running runs, each at least 0: a workloop frees a
+--                 slot when its handler returns, before the outcome is written (except a
+--                 fast-lane run's), so for a moment the database shows it running more
+--                 runs than it has slots; one workloop's unwritten outcomes then cannot
+--                 hide another's free slot. An overfull workloop counts none, so the
+--                 count errs towards 503, never towards admitting a run no slot can take.
+--   backlog_full  the project's runs of the key in the lane not yet started (ready or
+--                 pending) are at its backlog cap, counted up to the cap
+--                 (unstarted_runs_of_key).
+--   admitted      run and request inserted, the lane notified. The run is inserted
+--                 without a virtual time: the trigger runs_stamp_vtime (stamp_vtime)
+--                 gives it its key's next step on the lane's clock.
+-- Retry-After (retry_after): over the cap, how long the project's recent fast-lane runs
+-- took; without capacity, how long recent fast-lane runs took (a slot frees about as
+-- fast); rate limited, the time until the next place; an open breaker, the rest of its
+-- cooldown.
+CREATE OR REPLACE FUNCTION admit_webhook(
+    p_trigger_id bigint,
+    p_project text,
+    p_lane text,
+    p_task text,
+    p_key text,
+    p_args jsonb,
+    p_max_attempts smallint,
+    p_idempotency_key text,
+    p_content_type text,
+    p_headers jsonb,
+    p_body bytea,
+    p_default_fast_lane_cap integer,
+    p_live_seconds float8,
+    p_channel text
+) RETURNS TABLE (
+    decision text,
+    run_id bigint,
+    request_id bigint,
+    fast_lane_cap integer,
+    fast_lane_remaining integer,
+    ingest_burst integer,
+    ingest_remaining integer,
+    retry_after float8
+)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    proj projects%ROWTYPE;
+    emission float8;
+    tat timestamptz;
+    cap integer;
+    inflight integer;
+    free_slots bigint;
+    worker_loops bigint;
+    backlog integer;
+    new_run bigint;
+    new_request bigint;
+    breaker_wait float8;
+BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('tidegate.request/' || p_trigger_id || '/' || p_idempotency_key, 0));
+        RETURN QUERY
+            SELECT 'replayed', r.run_id, r.id, NULL::integer, NULL::integer, NULL::integer,
+                   NULL::integer, NULL::float8
+            FROM requests r
+            WHERE r.trigger_id = p_trigger_id AND r.idempotency_key = p_idempotency_key;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+
+    SELECT * INTO proj FROM projects WHERE id = p_project;
+    ingest_burst := proj.ingest_burst;
+
+    IF proj.ingest_rate IS NOT NULL THEN
+        -- The row lock serializes the project's admissions while the rate is decided;
+        -- the new arrival time is written only if the request is admitted, so a
+        -- rejection spends nothing.
+        emission := 1.0 / proj.ingest_rate;
+        SELECT greatest(coalesce(projects.ingest_tat, now()), now()) INTO tat
+        FROM projects WHERE id = p_project FOR UPDATE;
+        IF tat > now() + make_interval(secs => (proj.ingest_burst - 1) * emission) THEN
+            RETURN QUERY SELECT 'rate_limited', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, proj.ingest_burst, 0,
+                extract(epoch FROM tat - now())::float8 - (proj.ingest_burst - 1) * emission;
+            RETURN;
+        END IF;
+        tat := tat + make_interval(secs => emission);
+        ingest_remaining := greatest(0, floor(
+            (proj.ingest_burst * emission - extract(epoch FROM tat - now())::float8) / emission
+        )::integer);
+    END IF;
+
+    IF p_lane = 'fast_lane' THEN
+        -- A sync caller would only wait for a run its key's open breaker holds back:
+        -- 503 until the cooldown ends (a breaker forced open: for as long as it is).
+        SELECT CASE WHEN b.forced = 'open' THEN NULL
+                    ELSE extract(epoch FROM b.open_until - now())::float8 END
+        INTO breaker_wait
+        FROM key_breakers b
+        WHERE b.lane = p_lane AND b.key = p_key
+          AND (b.forced = 'open'
+               OR (b.forced IS NULL AND b.state = 'open' AND b.open_until > now()));
+        IF FOUND THEN
+            RETURN QUERY SELECT 'breaker_open', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, ingest_burst, ingest_remaining, breaker_wait;
+            RETURN;
+        END IF;
+
+        cap := coalesce(proj.fast_lane_cap, p_default_fast_lane_cap);
+        fast_lane_cap := cap;
+        PERFORM pg_advisory_xact_lock(hashtextextended('tidegate.fast_lane/' || p_project, 0));
+        -- Every run in flight counts, a silent worker's too: its handler may still execute
+        -- (a stalled heartbeat is not a dead worker). It stops counting once a rescuer
+        -- (any worker, or an API process) has taken it back after its lease lapsed.
+        SELECT count(*) INTO inflight FROM (
+            SELECT 1 FROM runs
+            WHERE runs.project = p_project AND runs.lane = 'fast_lane'
+              AND runs.state IN ('scheduled', 'available', 'pending', 'running')
+            LIMIT cap
+        ) AS held;
+        IF inflight >= cap THEN
+            RETURN QUERY SELECT 'over_cap', NULL::bigint, NULL::bigint, cap, 0, ingest_burst,
+                ingest_remaining, (
+                    SELECT avg(extract(epoch FROM recent.completed_at - recent.attempted_at))::float8
+                    FROM (
+                        SELECT runs.completed_at, runs.attempted_at FROM runs
+                        WHERE runs.project = p_project AND runs.lane = 'fast_lane'
+                          AND runs.state IN ('succeeded', 'discarded', 'cancelled')
+                        ORDER BY runs.completed_at DESC
+                        LIMIT 20
+                    ) AS recent
+                );
+            RETURN;
+        END IF;
+        fast_lane_remaining := cap - inflight - 1;
+
+        WITH loops AS (
+            SELECT w.id AS worker_id, (l.position - 1)::smallint AS workloop,
+                   (l.loop ->> 'slots')::integer AS slots
+            FROM workers w
+            CROSS JOIN LATERAL jsonb_array_elements(w.workloops) WITH ORDINALITY AS l(loop, position)
+            -- The time now, not the transaction's start: it may have waited for the lock.
+            WHERE w.heartbeat_at > clock_timestamp() - make_interval(secs => p_live_seconds)
+              AND p_task = ANY(w.tasks)
+              AND (l.loop -> 'chain' ? 'fast_lane' OR l.loop -> 'chain' ? '*')
+        )
+        SELECT (SELECT count(*) FROM loops),
+               (SELECT coalesce(sum(greatest(loops.slots - (
+                    SELECT count(*) FROM runs
+                    WHERE runs.worker_id = loops.worker_id AND runs.workloop = loops.workloop
+                      AND runs.state = 'running'), 0)), 0)
+                FROM loops)
+             - (SELECT count(*) FROM runs WHERE runs.lane = 'fast_lane' AND runs.state = 'available')
+        INTO worker_loops, free_slots;
+        IF worker_loops = 0 THEN
+            RETURN QUERY SELECT 'no_worker', NULL::bigint, NULL::bigint, cap,
+                fast_lane_remaining + 1, ingest_burst, ingest_remaining, NULL::float8;
+            RETURN;
+        END IF;
+        IF free_slots <= 0 THEN
+            -- Retry-After: a slot frees about as fast as recent fast-lane runs took.
+            RETURN QUERY SELECT 'no_capacity', NULL::bigint, NULL::bigint, cap,
+                fast_lane_remaining + 1, ingest_burst, ingest_remaining, (
+                    SELECT avg(extract(epoch FROM recent.completed_at - recent.attempted_at))::float8
+                    FROM (
+                        SELECT runs.completed_at, runs.attempted_at FROM runs
+                        WHERE runs.lane = 'fast_lane' AND runs.state = 'succeeded'
+                          AND runs.completed_at > now() - interval '10 minutes'
+                        ORDER BY runs.completed_at DESC
+                        LIMIT 20
+                    ) AS recent
+                );
+            RETURN;
+        END IF;
+    END IF;
+
+    IF proj.backlog_cap IS NOT NULL THEN
+        backlog := unstarted_runs_of_key(p_lane, p_key, p_project, proj.backlog_cap);
+        IF backlog >= proj.backlog_cap THEN
+            RETURN QUERY SELECT 'backlog_full', NULL::bigint, NULL::bigint, fast_lane_cap,
+                fast_lane_remaining, ingest_burst, ingest_remaining, NULL::float8;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF proj.ingest_rate IS NOT NULL THEN
+        UPDATE projects SET ingest_tat = tat WHERE id = p_project;
+    END IF;
+    INSERT INTO runs (project, lane, key, task, args, max_attempts)
+    VALUES (p_project, p_lane, p_key, p_task, p_args, p_max_attempts)
+    RETURNING id INTO new_run;
+    INSERT INTO requests (project, trigger_id, run_id, idempotency_key, content_type, headers, body)
+    VALUES (p_project, p_trigger_id, new_run, p_idempotency_key, p_content_type, p_headers, p_body)
+    RETURNING id INTO new_request;
+    PERFORM pg_notify(p_channel, p_lane);
+    RETURN QUERY SELECT 'admitted', new_run, new_request, fast_lane_cap, fast_lane_remaining,
+        ingest_burst, ingest_remaining, NULL::float8;
+END
+$$;
