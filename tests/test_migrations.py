@@ -1,10 +1,15 @@
-"""The migration chain and the function files: numbered without gaps, idempotent, each
-function in one file, applied when its text changes, and checked before work starts."""
+"""The schema's three sources agree: ``schema.sql``, the migration chain, the function files.
+
+A fresh schema (``schema.sql``) and one migrated from 0001 must be the same, catalog for
+catalog; a function file is applied when its text changes and only then, and whatever
+no file defines is dropped; the version is checked before work starts.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -30,6 +35,15 @@ from tidegate.worker.runtime import Worker
 def conn(database_url: str) -> Iterator[psycopg.Connection]:
     with psycopg.connect(database_url, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture
+def other_schema(database_url: str) -> Iterator[str]:
+    """A second schema for the test, dropped after it."""
+    name = f"test_other_{uuid.uuid4().hex[:12]}"
+    yield name
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 CATALOG = {
@@ -129,11 +143,41 @@ def test_each_function_is_defined_in_its_own_file_and_nowhere_else() -> None:
     for function in functions():
         assert DEFINITION.findall(function.text) == [function.name], function.name
     elsewhere = [
+        storage.joinpath("schema.sql"),
         *storage.joinpath("migrations").iterdir(),
         *storage.joinpath("queries").iterdir(),
     ]
     for entry in elsewhere:
         assert DEFINITION.findall(entry.read_text()) == [], entry.name
+
+
+def test_a_fresh_schema_is_the_schema_every_migration_makes(
+    conn: psycopg.Connection, schema: str, other_schema: str
+) -> None:
+    versions = [m.version for m in migrations()]
+    assert migrate(conn, schema) == versions  # fresh: schema.sql, every version recorded
+    fresh = catalog(conn, schema)
+    # An empty migrations table: the same schema, made by running every migration.
+    conn.execute(
+        sql_text.SQL(
+            "CREATE SCHEMA {}; CREATE TABLE {}.migrations (LIKE {}.migrations INCLUDING ALL)"
+        ).format(
+            sql_text.Identifier(other_schema),
+            sql_text.Identifier(other_schema),
+            sql_text.Identifier(schema),
+        )
+    )
+    assert migrate(conn, other_schema) == versions
+    migrated = catalog(conn, other_schema)
+
+    assert fresh["indexes"] and fresh["functions"] and fresh["triggers"]
+    # Each part that differs, with the rows only one of the two schemas has.
+    differences = {
+        part: sorted(set(rows) ^ set(migrated[part]), key=str)
+        for part, rows in fresh.items()
+        if rows != migrated[part]
+    }
+    assert differences == {}
 
 
 def routines(conn: psycopg.Connection, schema: str) -> dict[str, str]:

@@ -1,20 +1,24 @@
 """Bring a schema up to date: its tables by migrations, its functions from their files.
 
-Two kinds of file, both package data:
+Three kinds of file, all package data:
 
+- ``schema.sql``: today's types, tables, indexes and statistics, with why each exists:
+  what a fresh schema is made of, and what to read to learn the tables.
 - ``migrations/NNNN_name.sql``: forward-only changes to tables (and the data moves they
-  need), numbered.
+  need), numbered. A change to a table is a new migration and the same change in
+  ``schema.sql``; ``test_migrations`` checks that a fresh schema and a migrated one agree.
 - ``functions/<name>.sql``: one stored function each, as ``CREATE OR REPLACE``: the live
   definition, edited in place (an aggregate, or a trigger function with its trigger).
 
 ``migrate`` holds a session-level advisory lock on the schema's name throughout, so two
 processes migrating at once do the work once: the second waits, then finds it done.
 
-1. Tables. The missing migrations run in order, each in its own transaction, so a later
-   one can use what an earlier one added (a value added to an enum cannot be used in the
-   transaction that added it). Migrations run before the functions are applied (a schema
-   migrated from nothing has none yet), so a migration never calls one: a data move is
-   plain SQL.
+1. Tables. A schema without a ``migrations`` table is fresh: ``schema.sql`` runs and every
+   shipped migration is recorded as applied, in one transaction. Otherwise the missing
+   migrations run in order, each in its own transaction, so a later one can use what an
+   earlier one added (a value added to an enum cannot be used in the transaction that
+   added it). Migrations run before the functions are applied (a schema migrated from
+   nothing has none yet), so a migration never calls one: a data move is plain SQL.
 2. Functions. Each file whose text differs from the one last applied (its sha256, kept in
    the ``functions`` table with the routines it made), or whose routines are missing, is
    applied in its own transaction, in name order: an aggregate's file must sort after its
@@ -87,6 +91,11 @@ def functions() -> list[Function]:
     return sorted(found, key=lambda f: f.name)
 
 
+def schema_text() -> str:
+    """Return ``schema.sql``: today's tables, for a fresh schema."""
+    return resources.files("tidegate.storage").joinpath("schema.sql").read_text()
+
+
 def latest_version() -> int:
     return migrations()[-1].version
 
@@ -94,15 +103,16 @@ def latest_version() -> int:
 def migrate(conn: psycopg.Connection, schema: str) -> list[int]:
     """Bring the schema's tables and functions up to date; return the versions applied.
 
-    ``conn`` must be in autocommit mode: each step commits on its own. Raise
-    ``SchemaError`` for a schema newer than this code, whose functions it must not put
-    back to older ones.
+    A fresh schema gets ``schema.sql``, and every version counts as applied. ``conn``
+    must be in autocommit mode: each step commits on its own. Raise ``SchemaError`` for a
+    schema newer than this code, whose functions it must not put back to older ones.
     """
     shipped = migrations()
     applied_now = []
     lock = [f"tidegate.migrate.{schema}"]
     conn.execute("SELECT pg_advisory_lock(hashtext(%s))", lock)
     try:
+        fresh = not _has_table(conn, schema, "migrations")
         with conn.transaction():
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
             _use(conn, schema)
@@ -116,6 +126,11 @@ def migrate(conn: psycopg.Connection, schema: str) -> list[int]:
                 " name text PRIMARY KEY, checksum text NOT NULL, routines text[] NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
+            if fresh:
+                conn.execute(schema_text().encode())
+                for migration in shipped:
+                    _record_migration(conn, migration)
+                applied_now = [migration.version for migration in shipped]
         have = schema_version(conn, schema)
         if have > shipped[-1].version:
             raise SchemaError(_newer(schema, have, shipped[-1].version))
