@@ -9,14 +9,14 @@ their own) sets:
 - ``rate`` and ``rate_burst``: runs started per second, with a burst;
 - a circuit breaker (``breaker_*``, below).
 
-Claims enforce them exactly, in the claim's transaction (see ``claim_runs`` in
-migration 0003); a change holds for the next claim. ``fast_lane`` runs are exempt from
-the limits: their bound is the admission cap; breakers hold there too. A project's
-``concurrency`` (see ``tidegate.projects``) bounds its runs in flight across every
-other lane.
+Claims enforce them exactly, in the claim's transaction (see
+``storage/functions/claim_runs_keyed.sql``); a change holds for the next claim.
+``fast_lane`` runs are exempt from the limits: their bound is the admission cap; breakers
+hold there too. A project's ``concurrency`` (see ``tidegate.projects``) bounds its runs
+in flight across every other lane.
 
-Circuit breakers (migration 0013). A key has one when ``breaker_failures`` or
-``breaker_ratio`` applies to it:
+Circuit breakers (``storage/functions/count_breaker_outcomes.sql``). A key has one when
+``breaker_failures`` or ``breaker_ratio`` applies to it:
 
 ==============================  =======  ===============================================
 field                           default  meaning

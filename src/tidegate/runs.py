@@ -72,13 +72,13 @@ class Run:
     workloop: int | None = None
     """The index, in its worker's spec, of the workloop that last claimed the run."""
     vtime: float = 0.0
-    """Where the run stands on its key's fair clock (see migration 0003)."""
+    """Where the run stands on its key's fair clock (see storage/functions/key_clock.sql)."""
     rank: float = 0.0
     """The claim order within a lane: ``vtime + priority * 64``."""
     probe: bool = False
     """Whether its last claim took it as a half-open circuit breaker's probe."""
     watched: bool = False
-    """Whether a reader of its events waits for it to finish (migration 0016)."""
+    """Whether a reader of its events waits for it to finish (see storage/schema.sql)."""
 
     @property
     def fields(self) -> dict[str, str | int]:

@@ -1,1 +1,2 @@
-"""Storage: the embedded server, connection pools, migrations and the SQL statements."""
+"""Storage: the embedded server, connection pools, the schema (its tables, migrations and
+stored functions) and the SQL statements."""

@@ -1,6 +1,6 @@
--- Admit one webhook or say why not: see the function admit_webhook (migration 0022) for
--- the checks and their order. It commits through the WAL flush, a sync webhook's too:
--- its run must be on disk before a worker can start it.
+-- Admit one webhook or say why not: see functions/admit_webhook.sql for the checks and
+-- their order. It commits through the WAL flush, a sync webhook's too: its run must be
+-- on disk before a worker can start it.
 SELECT * FROM admit_webhook(
     %(trigger_id)s, %(project)s, %(lane)s, %(task)s, %(key)s, %(args)s::jsonb,
     %(max_attempts)s::smallint, %(idempotency_key)s, %(content_type)s, %(headers)s::jsonb,

@@ -17,7 +17,7 @@
 --     sets those no live worker has 'pending', out of the way.
 --   FOR UPDATE SKIP LOCKED lets concurrent claimers pass each other's rows; the update
 --   probes runs_pkey with the array of picked ids.
--- Where limits are set, the function claim_runs_keyed (migration 0022) claims instead,
+-- Where limits are set, functions/claim_runs_keyed.sql claims instead,
 -- key by key under advisory locks; the one-time filter on `limits` means only one of
 -- the two runs. It also returns as 'pending' the runs it passed over of tasks no live
 -- worker has.

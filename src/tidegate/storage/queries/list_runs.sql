@@ -1,6 +1,6 @@
 -- Newest first; every filter is optional (NULL matches all). Runs in flight come from
 -- runs_running (at most the workers' slots), the others through the index their filter
--- needs (runs_project holds no run in flight: migration 0021); each part is read only
+-- needs (runs_project holds no run in flight: see schema.sql); each part is read only
 -- where the state filter lets it have rows.
 SELECT * FROM (
     (SELECT * FROM runs

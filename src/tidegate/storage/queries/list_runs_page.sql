@@ -2,9 +2,9 @@
 -- matches all), after the keyset %(before)s (the last id of the page before). The
 -- columns of a list only: args and result may be large, the run's page shows them.
 -- Runs in flight come from runs_running (at most the workers' slots), the others
--- through the index their filter needs (runs_project holds no run in flight: migration
--- 0021); each part is read only where the state filter lets it have rows. Which index
--- serves each filter, and what a page costs at 1,000,000 runs: docs/dashboard.md.
+-- through the index their filter needs (runs_project holds no run in flight: see
+-- schema.sql); each part is read only where the state filter lets it have rows. Which
+-- index serves each filter, and what a page costs at 1,000,000 runs: docs/dashboard.md.
 SELECT * FROM (
     (SELECT id, state, task, lane, key, project, attempt, max_attempts,
             inserted_at, scheduled_at, attempted_at, completed_at

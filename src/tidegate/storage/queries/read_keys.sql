@@ -17,7 +17,7 @@
 -- claim counts) reach max_running; 'rate' when its GCRA state (key_rates.tat) is further
 -- ahead than the burst allows, which is the claim's own test; else ''. fast_lane runs
 -- are exempt from key limits, so only a breaker holds a fast_lane key. breaker: the
--- breaker's state (breaker_state(), migration 0013) where the key has a row, with
+-- breaker's state (functions/breaker_state.sql) where the key has a row, with
 -- open_until; the super admin also sees the keys whose breakers are open or forced.
 WITH running AS (
     SELECT lane, key, count(*) AS every_project,

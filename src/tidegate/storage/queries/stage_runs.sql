@@ -1,7 +1,7 @@
 -- Make ready the runs this worker can start now, and wake their lanes:
 --   due: scheduled runs that have come due (runs_due);
 --   wanted: pending runs of tasks this worker has, in lanes its workloops take
---     (runs_pending): they waited for a worker like this one (migration 0007).
+--     (runs_pending): they waited for a worker like this one.
 -- They are stamped again on their key's clock (see insert_runs): a run that waited for
 -- its time, a retry, or a worker, joins the line where its key stands now.
 -- SKIP LOCKED lets every worker's stager run without waiting on the others.
