@@ -55,7 +55,7 @@ from psycopg.rows import dict_row
 from tidegate.errors import InputError, TidegateError
 from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
-from tidegate.limits import check_text
+from tidegate.limits import DIGITS, check_text
 from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, Retry, Run, current_run
 from tidegate.storage.sql import Statement, Steps
 
@@ -355,7 +355,7 @@ def retry_after(value: str | None) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if DIGITS.fullmatch(value):  # delta-seconds; past any bound, it is cut to the longest
         seconds = float(value)
     else:
         try:

@@ -230,7 +230,7 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
         return problem(404, "unknown trigger")
     limit = min(trigger.max_body_bytes, settings.max_body_bytes)
     declared = request.headers.get("content-length")
-    if declared is not None and int(declared) > limit:  # digits: the Guard checked
+    if declared is not None and int(declared) > limit:  # whole_number: the Guard checked
         return problem(413, f"body over {limit} bytes", CLOSE, max_bytes=limit)
     headers_size = sum(len(k) + len(v) for k, v in headers.items())
     if headers_size >= limit:

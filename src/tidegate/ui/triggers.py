@@ -24,7 +24,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from tidegate.app import DEFAULT_LANE, NewRun
 from tidegate.errors import EnqueueError, InputError
-from tidegate.limits import MAX_ID, parse_json
+from tidegate.limits import MAX_ID, parse_json, whole_number
 from tidegate.runs import RunState
 from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
@@ -53,10 +53,11 @@ def _keyset(raw: str | None) -> tuple[datetime | None, str | None, int | None]:
         return None, None, None
     kind, _, rest = raw.partition(".")
     number, _, moment = rest.partition(".")
+    request_id = whole_number(number)
     try:
-        if kind not in ("admitted", "refused") or not number.isdigit():
+        if kind not in ("admitted", "refused") or request_id is None:
             raise ValueError
-        return datetime.fromisoformat(moment), kind, int(number)
+        return datetime.fromisoformat(moment), kind, request_id
     except ValueError:
         raise HTTPException(422, "before is not a position in this log") from None
 
