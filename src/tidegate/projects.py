@@ -108,6 +108,21 @@ def update_project(project_id: str, **changes: Any) -> Steps[dict[str, Any]]:
     return dict(rows[0])
 
 
+def rotate_project_token(project_id: str) -> Steps[dict[str, Any]]:
+    """Give a project a new API token; the result holds it, shown only this once.
+
+    The old token is refused from the next request on, in every API process, and the
+    dashboard sessions opened with it end.
+    """
+    token = new_token("tgp")
+    rows = yield Statement(
+        "rotate_project_token", {"id": project_id, "token_hash": hash_token(token)}, dict_row
+    )
+    if not rows:
+        raise NotFoundError(f"no project {project_id!r}")
+    return {**rows[0], "token": token}
+
+
 def list_projects(project_id: str | None = None) -> Steps[list[dict[str, Any]]]:
     rows = yield Statement("list_projects", {"id": project_id}, dict_row)
     return [dict(row) for row in rows]
@@ -158,6 +173,20 @@ def update_trigger(trigger_id: int, **changes: Any) -> Steps[dict[str, Any]]:
     )
     if not rows:
         raise NotFoundError(f"no trigger {trigger_id}")
+    return shown_trigger(rows[0])
+
+
+def rotate_trigger_token(project_id: str, name: str) -> Steps[dict[str, Any]]:
+    """Give trigger ``name`` of a project a new URL token (in the result): its old URL
+    finds no trigger, at once in the API process that rotates it and within
+    ``TRIGGER_CACHE_SECONDS`` (a second) in the others."""
+    rows = yield Statement(
+        "rotate_trigger_token",
+        {"project": project_id, "name": name, "token": new_token("tgh")},
+        dict_row,
+    )
+    if not rows:
+        raise NotFoundError(f"no trigger {name!r} in project {project_id!r}")
     return shown_trigger(rows[0])
 
 

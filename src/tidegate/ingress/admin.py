@@ -56,6 +56,8 @@ from tidegate.projects import (
     domain_error,
     list_projects,
     list_triggers,
+    rotate_project_token,
+    rotate_trigger_token,
     update_project,
     update_trigger,
 )
@@ -104,6 +106,7 @@ KeyPath = Annotated[
     str, Path(min_length=1, max_length=MAX_TEXT_CHARS, description="a key, or * for the lane")
 ]
 TriggerIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+TriggerNamePath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
 ScheduleNamePath = Annotated[str, Path(min_length=1, max_length=MAX_TEXT_CHARS)]
 Secret = Annotated[
     str,
@@ -265,6 +268,15 @@ async def patch_project(
     return await _apply(request, update_project(project_id, **changes))  # type: ignore[no-any-return]
 
 
+@router.post("/projects/{project_id}/token/rotate", responses=NOT_FOUND)
+async def post_project_token_rotation(
+    project_id: ProjectIdPath, request: Request
+) -> dict[str, Any]:
+    """Give the project a new API token, shown only this once. The old one is refused from
+    the next request on, and the dashboard sessions opened with it end."""
+    return await _apply(request, rotate_project_token(project_id))  # type: ignore[no-any-return]
+
+
 @router.post(
     "/projects/{project_id}/triggers", status_code=201, responses={**NOT_FOUND, **CONFLICT}
 )
@@ -285,6 +297,18 @@ async def post_trigger(
 @router.get("/projects/{project_id}/triggers")
 async def get_triggers(project_id: ProjectIdPath, request: Request) -> list[dict[str, Any]]:
     return [await _shown(request, t) for t in await _apply(request, list_triggers(project_id))]
+
+
+@router.post("/projects/{project_id}/triggers/{name}/rotate", responses=NOT_FOUND)
+async def post_trigger_rotation(
+    project_id: ProjectIdPath, name: TriggerNamePath, request: Request
+) -> dict[str, Any]:
+    """Give the trigger a new URL (``url``). The old one answers 404 at once here and
+    within a second in every other API process (each keeps a trigger it looked up for
+    up to a second)."""
+    rotated = await _apply(request, rotate_trigger_token(project_id, name))
+    request.app.state.ingress.triggers.clear()  # this process drops the old URL at once
+    return await _shown(request, rotated)
 
 
 @router.patch("/triggers/{trigger_id}", responses=NOT_FOUND)

@@ -3,7 +3,9 @@
 - ``POST /ui/login`` takes the super admin's token or a project's token (the same lookup
   as ``Authorization: Bearer``, by sha256) and opens a session: a row in
   ``ui_sessions`` keyed by the sha256 of a random id, with a random CSRF token, for
-  ``ui_session_seconds``. The browser holds the id in the cookie ``tidegate_session``
+  ``ui_session_seconds``, or until the token it was opened with is rotated (the row
+  keeps the token's sha256, and a session whose token is no longer its holder's is
+  no session). The browser holds the id in the cookie ``tidegate_session``
   (HttpOnly, SameSite=Strict, Path=/ui, Secure over https).
 - ``admit`` runs in the ``Guard``, before any body is read: a request under ``/ui``
   (but the sign-in page and the static files) without a live session is refused there,
@@ -158,14 +160,17 @@ async def check_csrf(request: Request, session: Session) -> dict[str, str]:
     return form
 
 
-def open_session(caller: Caller, seconds: float) -> Steps[str]:
-    """Store a new session for ``caller``; return the id that goes in the cookie."""
+def open_session(caller: Caller, token: str, seconds: float) -> Steps[str]:
+    """Store a new session for ``caller``, who signed in with ``token``; return the id
+    that goes in the cookie. The session keeps the token's digest: rotating the token
+    ends it (``find_ui_session``)."""
     session_id = secrets.token_urlsafe(32)
     yield Statement(
         "insert_ui_session",
         {
             "id_hash": hash_token(session_id),
             "project": caller.project,
+            "token_hash": hash_token(token),
             "csrf_token": secrets.token_urlsafe(32),
             "seconds": seconds,
         },
