@@ -235,6 +235,15 @@ async def _shown(request: Request, trigger: dict[str, Any]) -> dict[str, Any]:
     return {**trigger, "url": f"/hooks/{trigger['token']}", "warnings": warnings}
 
 
+def _own_addresses(request: Request) -> set[tuple[str, int]]:
+    """Where this server is reached: the address the admin's request came to (its
+    ``Host``), and the one it listens on (every loopback name, listening on loopback or
+    on every address). A forward URL to a ``/hooks/`` path there would loop."""
+    settings = request.app.state.ingress.settings
+    came_to = forward.address_of(str(request.url))
+    return {came_to, *forward.own_addresses(settings.host, settings.port)}
+
+
 def _rows(name: str, params: dict[str, Any]) -> Steps[list[Any]]:
     return (yield Statement(name, params))
 
@@ -288,9 +297,15 @@ async def post_trigger(
     With a ``forward_url``, the task is ``tidegate.forward`` (leave ``task`` out).
     """
     fields = body.model_dump(exclude={"name", "mode", "task"}, exclude_unset=True)
-    created = await _apply(
-        request, create_trigger(project_id, body.name, mode=body.mode, task=body.task, **fields)
+    steps = create_trigger(
+        project_id,
+        body.name,
+        mode=body.mode,
+        task=body.task,
+        own_addresses=_own_addresses(request),
+        **fields,
     )
+    created = await _apply(request, steps)
     return await _shown(request, created)
 
 
@@ -316,7 +331,7 @@ async def patch_trigger(
     trigger_id: TriggerIdPath, body: TriggerFields, request: Request
 ) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    updated = await _apply(request, update_trigger(trigger_id, **changes))
+    updated = await _apply(request, update_trigger(trigger_id, _own_addresses(request), **changes))
     request.app.state.ingress.triggers.clear()  # this process uses the change at once
     return await _shown(request, updated)
 
