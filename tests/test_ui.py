@@ -754,6 +754,7 @@ async def test_the_schedules_page_shows_timing_last_run_and_errors_and_a_project
     app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
 ) -> None:
     alpha = await create_project(client, "alpha")
+    await create_project(client, "bravo")
     app.execute(
         create_schedule("alpha", "nightly", "noop", cron="30 2 * * *", timezone="Europe/Berlin")
     )
