@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.conftest import wait_until
 from tests.http_fixtures import (
     ADMIN,
     ApiServer,
@@ -409,3 +411,47 @@ async def test_the_admin_token_survives_restarts_and_rotates_for_running_servers
         assert_problem(await client.get("/admin/projects", headers=ADMIN), 403)
         rotated = {"Authorization": "Bearer tga_rotated"}
         assert (await client.get("/admin/projects", headers=rotated)).status_code == 200
+
+
+async def test_a_client_that_hangs_up_mid_body_costs_one_debug_line_and_no_traceback(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection, tmp_path: Path
+) -> None:
+    """Half a body, then the connection closed: on an admin route, on the webhook route
+    (no token needed) and on the dashboard's sign-in (none either). Each is one DEBUG line
+    at most, never an ERROR with a traceback, with which anyone could flood the log."""
+    log = tmp_path / "serve.log"
+    server = start_api(log=log, verbose=True)
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        await create_project(client, "acme")
+        hook = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+        address = urlsplit(server.url)
+        for path, headers, part in [
+            ("/admin/projects", {**JSON, **ADMIN}, b'{"id": "ac'),  # FastAPI reads it: 400
+            (hook["url"], JSON, b'{"order": '),
+            ("/ui/login", {"Content-Type": "application/x-www-form-urlencoded"}, b"token=tg"),
+        ]:
+            head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            request = f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: 1000\r\n\r\n"
+            _, writer = await asyncio.open_connection(address.hostname, address.port)
+            writer.write(request.encode() + part)
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        def answered(path: str) -> bool:
+            text = log.read_text()
+            return f"POST {path}: the client went away" in text or "Traceback" in text
+
+        await wait_until(lambda: answered(hook["url"]) and answered("/ui/login"), 10)
+        text = log.read_text()
+        assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
+        assert text.count("the client went away") == 2
+        # The webhook is counted, as every answer is, and kept in the webhook log.
+        await wait_until(
+            lambda: (
+                sql.execute("SELECT outcome, status FROM request_log").fetchall()
+                == [("disconnected", 499)]
+            ),
+            10,
+        )
+        await still_serving(client, hook)

@@ -37,13 +37,21 @@ import psycopg
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
+from starlette.requests import ClientDisconnect
 
 from tidegate.errors import InputError
 from tidegate.forward import breaker_key_of
 from tidegate.ingress import events
 from tidegate.ingress.guard import CLOSE
 from tidegate.ingress.ledger import LoggedRequest
-from tidegate.ingress.server import Ingress, database_problem, problem, problem_responses
+from tidegate.ingress.server import (
+    CLIENT_GONE,
+    Ingress,
+    client_gone,
+    database_problem,
+    problem,
+    problem_responses,
+)
 from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import MAX_ID, check_text, parse_json
@@ -84,6 +92,7 @@ OUTCOMES = {
     404: "unknown_trigger",
     413: "too_large",
     415: "not_json",
+    CLIENT_GONE: "disconnected",
 }
 """The outcome of a request refused before admission, by its status."""
 
@@ -228,6 +237,8 @@ async def receive(token: str, request: Request) -> Response:
         except psycopg.Error as error:
             response = database_problem(error, request.method, request.url.path)
             note.outcome = "unavailable" if response.status_code == 503 else None
+        except ClientDisconnect:
+            response = client_gone(request.method, request.url.path)
         _record(ingress, note, response, time.monotonic() - started, admitting)
     return response
 
