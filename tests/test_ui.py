@@ -305,6 +305,71 @@ async def test_the_run_list_pages_back_through_every_run_once(app: Tidegate, sig
     assert response.status_code == 422
 
 
+# -- security headers ---------------------------------------------------------------------
+
+INLINE = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|<style\b|\sstyle=|\son[a-z]+=|javascript:", re.I)
+"""What the Content-Security-Policy would refuse in a page: inline scripts, styles and
+event handlers."""
+
+
+async def test_every_dashboard_answer_forbids_framing_and_sniffing_and_pages_need_no_inline(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "orders", mode="async", task="noop")
+    run_id = (await client.post(trigger["url"], json={"n": 1})).json()["run_id"]
+    request_id = sql.execute("SELECT id FROM requests").fetchone()
+    assert request_id
+    browser = await sign_in(ADMIN_TOKEN)
+    pages = [
+        "/ui/",
+        "/ui/workers",
+        "/ui/projects",
+        "/ui/projects/acme",
+        "/ui/keys",
+        "/ui/schedules",
+        "/ui/runs",
+        f"/ui/runs/{run_id}",
+        f"/ui/fragments/runs/{run_id}",
+        "/ui/fragments/lanes",
+        f"/ui/triggers/{trigger['id']}/log",
+        f"/ui/triggers/{trigger['id']}/log/admitted/{request_id[0]}",
+    ]
+    answers = [await browser.client.get(path) for path in pages]
+    answers += [
+        await browser.client.get("/ui/api/activity"),
+        await browser.client.get("/ui/runs/999999"),  # 404
+        await browser.client.get("/ui/static/ui.js"),
+        await browser.client.get("/ui/static/uPlot.min.css"),
+        await client.get("/ui/login"),
+        await client.get("/ui/runs"),  # no session: to the sign-in page
+        await client.get("/ui/fragments/lanes", headers={"HX-Request": "true"}),  # 401
+        await browser.post(f"/ui/runs/{run_id}/cancel"),  # a redirect
+    ]
+    assert [a.status_code for a in answers[: len(pages)]] == [200] * len(pages)
+    assert [a.status_code for a in answers[len(pages) :]] == [
+        200,
+        404,
+        200,
+        200,
+        200,
+        303,
+        401,
+        303,
+    ]
+    for answer in answers:
+        where = f"{answer.request.method} {answer.request.url.path}"
+        policy = answer.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, where
+        assert "'unsafe-inline'" not in policy and "'unsafe-eval'" not in policy, where
+        assert answer.headers.get("x-frame-options") == "DENY", where
+        assert answer.headers.get("x-content-type-options") == "nosniff", where
+        if answer.headers.get("content-type", "").startswith("text/html"):
+            assert not INLINE.search(answer.text), (where, INLINE.search(answer.text))
+    # The rest of the server is not the dashboard's to frame or not.
+    assert "content-security-policy" not in (await client.get("/healthz")).headers
+
+
 # -- the webhook log and replay -----------------------------------------------------------
 
 

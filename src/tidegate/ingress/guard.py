@@ -16,7 +16,8 @@ body or matches a route:
   route's would be (503 when unreachable);
 - ``/ui`` (the dashboard): the session is found from its cookie, the same way before
   any body is read (``tidegate.ui.session.admit``): a page without one is sent to the
-  sign-in page, anything else is answered 401;
+  sign-in page, anything else is answered 401; every answer under ``/ui`` gets the
+  dashboard's security headers (``session.HEADERS``: CSP, no framing, nosniff);
 - a body over its limit: 413, on ``Content-Length`` and again while it arrives (the JSON
   APIs: ``max_api_body_bytes``; the webhook route applies its trigger's own limit);
 - a body that stops arriving for ``read_timeout_seconds``, or that is not all in within
@@ -78,6 +79,8 @@ class Guard:
             return
         settings = self.ingress.settings
         path: str = scope["path"]
+        if session.is_dashboard(path):
+            send = session.with_headers(send)  # its refusals below included
         headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
         length = headers.get("content-length", b"")
         with_body = bool(length.strip(b"0")) or b"chunked" in headers.get("transfer-encoding", b"")

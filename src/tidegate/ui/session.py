@@ -15,6 +15,9 @@
   (``Caller``: project None for the super admin) and ``request.state.ui_session``.
 - A POST whose ``Origin`` is not this server's ``Host`` is refused (403), the sign-in
   included.
+- Every answer under /ui carries ``HEADERS``: a Content-Security-Policy that allows the
+  dashboard's own files only and no frame around it, ``X-Frame-Options: DENY``,
+  ``X-Content-Type-Options: nosniff``.
 - Every POST but the sign-in carries the session's CSRF token, as the form field
   ``csrf_token`` or the header ``X-CSRF-Token`` (htmx); ``check_csrf`` compares it in
   constant time and answers 403 when it is missing or wrong. SameSite=Strict already
@@ -34,7 +37,7 @@ from urllib.parse import parse_qsl, urlsplit
 from fastapi import Depends, HTTPException, Request
 from psycopg.rows import dict_row
 from starlette.responses import RedirectResponse, Response
-from starlette.types import Scope
+from starlette.types import Message, Scope, Send
 
 from tidegate.ingress.auth import Caller
 from tidegate.ingress.server import problem
@@ -50,6 +53,23 @@ PUBLIC = ("/ui/login", "/ui/static/")
 """Paths under /ui that need no session: the sign-in page, the scripts and styles."""
 MAX_FORM_FIELDS = 20
 """More fields than any dashboard form has: a body past it is refused (400)."""
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+"""What a dashboard page may load and do: its own scripts, styles and requests, nothing
+inline (no template has an inline script, style or event handler, and htmx is told not
+to add its indicator style: base.html's htmx-config), no other site, and no frame around
+it. A script injected into a page despite the escaping would not run."""
+HEADERS = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+"""Sent with every answer under /ui (pages, fragments, static files, redirects, refusals):
+no other site may frame the dashboard (clickjacking a Retry or a Replay), no file is
+read as another type than it is sent as, and no run's URL leaves in a Referer."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +83,17 @@ class Session:
 
 def is_dashboard(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def with_headers(send: Send) -> Send:
+    """``send`` that adds the dashboard's ``HEADERS`` to the answer it starts."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), *HEADERS]
+        await send(message)
+
+    return sending
 
 
 async def admit(ingress: Ingress, scope: Scope, headers: dict[str, bytes]) -> Response | None:
