@@ -196,6 +196,45 @@ async def test_a_body_postgresql_cannot_store_gets_400_with_the_reason(
     await still_serving(client, hook)
 
 
+ENCODINGS = ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-be"]
+"""Every encoding JSON bytes are read in: UTF-8, and UTF-16 and UTF-32 with a BOM or
+without (RFC 4627's detection)."""
+
+
+async def test_a_body_in_any_encoding_postgresql_cannot_store_gets_the_same_400(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection, tmp_path: Path
+) -> None:
+    """A NUL or a lone surrogate is refused with a 400 that says so in every encoding,
+    never a 422 "outside what the database can store" and a WARNING for the operator."""
+    log = tmp_path / "serve.log"
+    server = start_api(log=log)
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        await create_project(client, "acme")
+        hook = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+        for encoding in ENCODINGS:
+            for text, reason in [
+                ('{"a": "\\u0000"}', "contains a NUL character"),
+                ('{"a": "\\ud800"}', "contains a lone surrogate"),
+                ('{"\\u0000": 1}', "contains a NUL character"),
+            ]:
+                body = text.encode(encoding)
+                response = await client.post(hook["url"], content=body, headers=JSON)
+                title = assert_problem(response, 400)["title"]
+                assert reason in title, (encoding, text, title)
+        # Unescaped, in UTF-16: the surrogate's own two bytes.
+        raw = '{"a": "x"}'.encode("utf-16-le").replace(b"x\x00", b"\x00\xd8")
+        response = await client.post(hook["url"], content=raw, headers=JSON)
+        assert "lone surrogate" in assert_problem(response, 400)["title"]
+        assert counts(sql) == (0, 0)
+        accepted = await client.post(
+            hook["url"], content='{"caf\u00e9": 1}'.encode("utf-16"), headers=JSON
+        )
+        assert accepted.status_code == 202, accepted.text
+        await still_serving(client, hook)
+    text = log.read_text()
+    assert "the database refused a value" not in text, text[-3000:]
+
+
 async def test_a_body_nested_to_the_limit_is_stored_and_always_readable(
     client: httpx.AsyncClient, hook: dict[str, Any]
 ) -> None:

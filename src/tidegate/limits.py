@@ -202,9 +202,20 @@ def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_D
     """Parse JSON strictly and check it (``check_json``); raise ``InputError`` saying why.
 
     Strict: no ``NaN`` or ``Infinity``, no number that overflows a float (``1e309``), no
-    integer past 4,300 digits, UTF-8 only.
+    integer past 4,300 digits, valid text. Bytes may be UTF-8, or UTF-16 or UTF-32 (with a
+    BOM, or as RFC 4627 detects them), as ``json`` reads them: each is held to the same
+    checks, and refused for the same reasons.
     """
+    full_check = False
     try:
+        if isinstance(data, bytes):
+            encoding = json.detect_encoding(data)
+            if not encoding.startswith("utf-8"):
+                # Decoded here as json would: the test for escapes below must read text
+                # (in UTF-16 a "\u" is not those two bytes), and a lone surrogate may
+                # come unescaped ("surrogatepass"), so the whole value is checked.
+                data = data.decode(encoding, "surrogatepass")
+                full_check = True
         value = json.loads(
             data,
             parse_constant=_refuse_constant,
@@ -214,13 +225,15 @@ def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_D
     except RecursionError:
         raise InputError(f"{what} is nested deeper than {max_depth} levels") from None
     except UnicodeDecodeError as error:
-        raise InputError(f"{what} is not UTF-8: {error.reason} at byte {error.start}") from None
+        name = error.encoding.upper().replace("-SIG", "")
+        raise InputError(f"{what} is not {name}: {error.reason} at byte {error.start}") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{what} is malformed JSON: {error}") from None
-    # Text without a backslash escape cannot hold NUL or a lone surrogate: strict parsing
-    # refuses raw control characters and invalid UTF-8. Only the nesting is left to check.
+    # UTF-8 (or ASCII) without a backslash escape cannot hold NUL or a lone surrogate:
+    # strict parsing refuses raw control characters and invalid UTF-8. Only the nesting
+    # is left to check.
     escaped = ("\\u" if isinstance(data, str) else b"\\u") in data  # type: ignore[operator]
-    if escaped:
+    if escaped or full_check:
         check_json(value, what, max_depth)
     else:
         _check_depth(value, what, max_depth)
