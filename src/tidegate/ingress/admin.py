@@ -453,7 +453,9 @@ class NewSchedule(ScheduleFields):
     task: Text
 
 
-@router.post("/projects/{project_id}/schedules", status_code=201, responses=CONFLICT)
+@router.post(
+    "/projects/{project_id}/schedules", status_code=201, responses={**NOT_FOUND, **CONFLICT}
+)
 async def post_schedule(
     project_id: ProjectIdPath, body: NewSchedule, request: Request
 ) -> JSONAnswer:
