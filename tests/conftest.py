@@ -190,13 +190,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def start_api(app: Tidegate, settings: Settings) -> Iterator[Callable[..., ApiServer]]:
     """Start ``tidegate serve --role api`` servers on the test's (migrated) schema.
 
-    ``start_api(processes=N, settings=..., **TIDEGATE_options)``; every server started is
-    stopped with SIGTERM at the end of the test.
+    ``start_api(processes=N, settings=..., log=path, **TIDEGATE_options)``; every server
+    started is stopped with SIGTERM at the end of the test.
     """
     servers: list[ApiServer] = []
 
-    def start(processes: int = 1, settings: Settings = settings, **options: object) -> ApiServer:
-        server = ApiServer.start(settings, processes=processes, **options)
+    def start(
+        processes: int = 1,
+        settings: Settings = settings,
+        log: Path | None = None,
+        **options: object,
+    ) -> ApiServer:
+        server = ApiServer.start(settings, processes=processes, log=log, **options)
         servers.append(server)
         return server
 

@@ -67,8 +67,11 @@ class ApiServer:
     processes: int
 
     @classmethod
-    def start(cls, settings: Settings, *, processes: int = 1, **overrides: Any) -> ApiServer:
-        """Start the server and return once every API process answers and listens."""
+    def start(
+        cls, settings: Settings, *, processes: int = 1, log: Path | None = None, **overrides: Any
+    ) -> ApiServer:
+        """Start the server and return once every API process answers and listens; with
+        ``log``, what it writes (its log) goes to that file."""
         assert settings.database_url, "the server needs a database URL"
         port = free_port()
         env = {
@@ -81,23 +84,30 @@ class ApiServer:
         for name, value in {**API_SETTINGS, **overrides}.items():
             env[f"TIDEGATE_{name.upper()}"] = str(value)
         before = listeners(settings.database_url, settings.schema)
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tidegate",
-                "serve",
-                "--role",
-                "api",
-                "--port",
-                str(port),
-                "--api-processes",
-                str(processes),
-            ],
-            env=env,
-            cwd=ROOT,
-            start_new_session=True,  # its own process group, so teardown can reach stragglers
-        )
+        output = None if log is None else log.open("ab")
+        try:
+            process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "tidegate",
+                    "serve",
+                    "--role",
+                    "api",
+                    "--port",
+                    str(port),
+                    "--api-processes",
+                    str(processes),
+                ],
+                env=env,
+                cwd=ROOT,
+                start_new_session=True,  # its own process group: teardown reaches stragglers
+                stdout=output,
+                stderr=None if output is None else subprocess.STDOUT,
+            )
+        finally:
+            if output is not None:
+                output.close()  # the server holds its own
         server = cls(f"http://127.0.0.1:{port}", process, processes)
         try:
             server._wait_ready(settings, before + processes)

@@ -172,6 +172,11 @@ def test_bad_workloop_spec_fails_at_start_naming_the_bad_part(env: dict[str, str
     assert result.exit_code == 2 and "'*>x:2'" in result.output
     result = invoke({**env, "TIDEGATE_WORKLOOPS": "manual:0"}, "worker", "--app", "tests.apps:app")
     assert result.exit_code == 2 and "slots" in result.output
+    # str.isdigit takes these; int refuses the first and reads the second as 12.
+    for slots in ("\u00b2", "\u0661\u0662", "9" * 30):
+        spec = f"emails:{slots}"
+        result = invoke(env, "worker", "--app", "tests.apps:app", "--workloops", spec)
+        assert result.exit_code == 2 and "slots must be a whole number" in result.output, spec
 
 
 def test_worker_refuses_an_unmigrated_schema(env: dict[str, str]) -> None:

@@ -81,15 +81,23 @@ def browser() -> Iterator[Browser]:
 
 @pytest.fixture
 def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
-    """A page in a fresh browser context on the test's server; fails on a script error."""
+    """A page in a fresh browser context on the test's server; fails on a script error,
+    or on anything the dashboard's Content-Security-Policy refused (Chromium reports it on
+    the console: a page that needs it to be looser is broken)."""
     context = browser.new_context(base_url=api.url, viewport=VIEWPORT)  # type: ignore[arg-type]
     context.set_default_timeout(WAIT_MS)
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
+    tab.on(
+        "console",
+        lambda message: (
+            errors.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     yield tab
     context.close()
-    assert errors == [], f"script errors on the dashboard: {errors}"
+    assert errors == [], f"script errors or CSP violations on the dashboard: {errors}"
 
 
 @pytest.fixture

@@ -11,10 +11,12 @@ import base64
 import json
 import threading
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, replace
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,6 +35,17 @@ BODY = b'{"order":  7,\n "note": "caf\\u00e9 \xe2\x98\x95"}'
 """Spacing and escapes a re-serialization would change: only the bytes as sent pass."""
 PNG = b"\x89PNG\r\n\x1a\n\x00\xff\xfe"
 """A body that is not text."""
+BOMB_BYTES = 200 * 1024 * 1024
+"""What ``/bomb`` inflates to: its gzip body is about a thousandth of it."""
+
+
+def gzip_bomb() -> bytes:
+    """``BOMB_BYTES`` of ``a``, gzipped (about 200 KB), made a megabyte at a time."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    megabyte = b"a" * 1024 * 1024
+    return b"".join(packer.compress(megabyte) for _ in range(BOMB_BYTES // len(megabyte))) + (
+        packer.flush()
+    )
 
 
 @dataclass
@@ -49,11 +62,13 @@ class Downstream:
 
     ``/ok`` 201 with a JSON body; ``/fail`` 500; ``/slow`` answers after 5 s;
     ``/busy`` 429 with ``Retry-After: 1`` the first time, then 200; ``/binary`` 200 with
-    bytes that are not UTF-8; any other path 404.
+    bytes that are not UTF-8; ``/odd`` 503 with ``Retry-After: ²``; ``/bomb`` 200 with a
+    gzip body that inflates to ``BOMB_BYTES``; any other path 404.
     """
 
     def __init__(self) -> None:
         self.hits: list[Hit] = []
+        self.bomb = b""
         downstream = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,6 +97,10 @@ class Downstream:
                     self.answer(200, b"ok now")
                 elif self.path == "/binary":
                     self.answer(200, PNG, {"Content-Type": "image/png"})
+                elif self.path == "/odd":
+                    self.answer(503, b"later", {"Retry-After": "\u00b2"})
+                elif self.path == "/bomb":
+                    self.answer(200, downstream.bomb, {"Content-Encoding": "gzip"})
                 else:
                     self.answer(404, b'{"error": "no such thing"}')
 
@@ -331,6 +350,59 @@ async def test_404_is_discarded_at_once_with_the_response_kept(
     assert len(downstream.at("/missing")) == 1
 
 
+async def test_a_retry_after_that_is_no_number_nor_date_counts_a_failure_and_backs_off(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    downstream: Downstream,
+    start_worker_process: Callable[..., Any],
+) -> None:
+    """``Retry-After: ²`` (which ``str.isdigit`` takes) is no delay: the 503 is a failure
+    of the endpoint like any other, retried with backoff, never the attempt's own error."""
+    trigger = await forward_to(client, downstream.url + "/odd")
+    start_worker_process("manual>*:1")
+
+    run = await finished(sql, await send(client, trigger))
+
+    assert (run["state"], run["attempt"]) == ("discarded", 3)
+    assert [e["error"] for e in run["errors"]] == [
+        f"ForwardError: POST {downstream.url}/odd answered 503"
+    ] * 3
+
+
+def peak_memory(pid: int) -> int:
+    """The most resident memory process ``pid`` has held so far, in bytes (``VmHWM``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+async def test_a_gzip_bomb_answer_is_decoded_only_as_far_as_is_kept(
+    client: httpx.AsyncClient,
+    sql: psycopg.Connection,
+    downstream: Downstream,
+    start_worker_process: Callable[..., Any],
+) -> None:
+    """An answer of 200 KB that inflates to 200 MB: the worker decodes the first 64 KiB
+    and a byte, keeps them, and its memory does not grow by the bomb's size (it went up
+    by 64 MB and more when each piece read was decoded whole)."""
+    downstream.bomb = gzip_bomb()
+    worker = start_worker_process("manual>*:1")
+    warm = await finished(sql, await send(client, await forward_to(client, downstream.url + "/ok")))
+    assert warm["state"] == "succeeded"
+    before = peak_memory(worker.pid)
+
+    bombed = await forward_to(client, downstream.url + "/bomb", name="bomb")
+    run = await finished(sql, await send(client, bombed))
+
+    assert run["state"] == "succeeded", run["errors"]
+    result = run["result"]
+    assert result["truncated"] is True and result["body"] == "a" * forward.MAX_KEPT_BODY_BYTES
+    assert "content-encoding" not in result["headers"]  # the body is kept decoded
+    grown = peak_memory(worker.pid) - before
+    assert grown < 32 * 1024 * 1024, f"the worker's peak memory grew by {grown >> 20} MB"
+
+
 # -- configuration -----------------------------------------------------------------------
 
 
@@ -360,6 +432,41 @@ async def test_bad_forward_settings_are_refused_with_422(
     )
     assert response.status_code == 422, response.text
     assert says in response.text
+
+
+async def test_a_forward_url_to_a_hook_of_this_tidegate_is_refused_with_422(
+    client: httpx.AsyncClient, api: ApiServer
+) -> None:
+    """Forwarding to a trigger's own hook, another trigger's, or any ``/hooks/`` path on
+    this server's address would feed every delivery back in as a new webhook."""
+    orders = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+    port = api.url.rsplit(":", 1)[1]
+    loops = [
+        api.url + orders["url"],  # another trigger of this tidegate
+        f"http://proxy.example{orders['url']}/",  # the same, by another name
+        f"http://localhost:{port}/hooks/tgh_no-such-trigger",  # any hook of this server
+        f"http://[::1]:{port}/hooks/x",
+    ]
+    for url in loops:
+        refused = await client.post(
+            "/admin/projects/acme/triggers",
+            json={"name": "loop", "mode": "async", "forward_url": url},
+            headers=ADMIN,
+        )
+        assert refused.status_code == 422, (url, refused.text)
+        assert "would loop" in refused.json()["title"], refused.text
+    itself = await client.patch(
+        f"/admin/triggers/{orders['id']}",
+        json={"forward_url": api.url + orders["url"]},
+        headers=ADMIN,
+    )
+    assert itself.status_code == 422 and "would loop" in itself.json()["title"], itself.text
+    assert (await client.get("/admin/projects/acme/triggers", headers=ADMIN)).json()[0][
+        "forward_url"
+    ] is None
+    # A hook of another server is only a URL.
+    elsewhere = await forward_to(client, "https://other.example/hooks/tgh_theirs", name="out")
+    assert elsewhere["forward_url"] == "https://other.example/hooks/tgh_theirs"
 
 
 async def test_a_trigger_starts_and_stops_forwarding_by_update(
@@ -405,6 +512,18 @@ def test_breaker_key_is_the_destination_with_its_port() -> None:
 def test_retry_after_reads_seconds_and_dates_within_bounds() -> None:
     assert retry_after("7") == 7.0
     assert retry_after(None) is None and retry_after("soon") is None
+    # Strictly: ASCII digits, or one of HTTP's three date forms; anything else is none.
+    for odd in (
+        "\u00b2",
+        "\u0661",
+        "1.5",
+        "-3",
+        "21 Oct 2015 07:28",
+        "Wed, 31 Feb 2015 07:28:00 GMT",
+    ):
+        assert retry_after(odd) is None, odd
+    for old in ("Sunday, 06-Nov-94 08:49:37 GMT", "Sun Nov  6 08:49:37 1994"):
+        assert retry_after(old) == 0.0, old
     assert retry_after("999999") == 3600.0
     in_a_minute = retry_after(formatdate(time.time() + 60, usegmt=True))
     assert in_a_minute is not None and 55 <= in_a_minute <= 60

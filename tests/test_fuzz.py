@@ -4,7 +4,10 @@
   document, valid and invalid ones, and sends them to a real ``tidegate serve`` with
   the super admin's token and with a project's token;
 - hypothesis sends any bytes, under any of a few content types, to a real trigger: the
-  answer is a 2xx or a 4xx, and a 4xx stores nothing.
+  answer is a 2xx or a 4xx, and a 4xx stores nothing;
+- hypothesis writes whole numbers with other scripts' digits (``²``, U+0661, U+1D7D8) where
+  the server reads a number from text (headers, query and path parameters, workloop
+  specs), which schemathesis does not: each is a 4xx, never a 500.
 
 The example counts are bounded for CI (``FUZZ_EXAMPLES``); raise them to hunt.
 """
@@ -13,14 +16,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import psycopg
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings, strategies
+from hypothesis import HealthCheck, example, given, settings, strategies
 from schemathesis.checks import not_a_server_error, status_code_conformance
 
 from tests.http_fixtures import ADMIN, ApiServer, counts
@@ -261,5 +266,89 @@ def test_any_reply_a_handler_gives_is_sent_as_asked_or_answered_502(
             assert response.status_code in (asked, 502), (response.status_code, reply)
             if response.status_code == 502 and asked != 502:
                 assert isinstance(response.json()["run_id"], int)
+
+        send()
+
+
+DIGITS = strategies.text(
+    strategies.sampled_from("0123456789") | strategies.characters(categories=["Nd", "No"]),
+    min_size=1,
+    max_size=24,
+)
+"""Text ``str.isdigit`` may take: ASCII digits among other scripts' digits (the
+Arabic-Indic U+0661, the mathematical U+1D7D8) and other numbers (``²``, ``¼``), which
+``int`` refuses or reads as no client meant."""
+
+
+def _finished_run(client: httpx.Client, url: str) -> int:
+    run_id: int = client.post(url, json={"n": 1}).json()["run_id"]
+    deadline = time.monotonic() + 30
+    while client.get(f"/runs/{run_id}", headers=ADMIN).json()["state"] != "succeeded":
+        assert time.monotonic() < deadline, f"run {run_id} did not finish"
+        time.sleep(0.05)
+    return run_id
+
+
+def test_unicode_digits_where_a_number_is_read_get_a_4xx_never_a_5xx(server: ApiServer) -> None:
+    """A number read from text (``Last-Event-ID`` of a run's events and of a sync
+    webhook's stream, the dashboard's ``before``, a path's id, a remote worker's
+    workloops) is ASCII digits; anything else is refused with a 4xx."""
+    seeded = seed(server)
+    with httpx.Client(base_url=server.url, timeout=20) as client:
+        run_id = _finished_run(client, seeded["url"])
+        sync = client.post(
+            "/admin/projects/acme/triggers",
+            json={"name": "sync", "mode": "sync", "task": "echo"},
+            headers=ADMIN,
+        )
+        assert sync.status_code == 201, sync.text
+        fleet = client.post(
+            "/admin/worker-tokens", json={"name": "digits", "lanes": ["*"]}, headers=ADMIN
+        )
+        assert fleet.status_code == 201, fleet.text
+        worker = {"Authorization": f"Bearer {fleet.json()['token']}"}
+        signed_in = client.post("/ui/login", data={"token": ADMIN["Authorization"][7:]})
+        assert signed_in.status_code == 303, signed_in.text
+        trigger_id = seeded["trigger_id"]
+
+        @FUZZ
+        @given(number=DIGITS)
+        @example(number="\u00b2")  # ²: isdigit, and int refuses it
+        @example(number="\u0661\u0662")  # ١٢: isdigit, and int reads 12
+        @example(number="1\u00b3")
+        @example(number="9" * 30)
+        @example(number="0" * 5000)
+        def send(number: str) -> None:
+            # A header carries Latin-1 (``²``, ``¹``): other characters go in the URL.
+            header = number.encode("latin-1", "replace")
+            answers = [
+                client.get(f"/runs/{run_id}/events", headers={**ADMIN, "Last-Event-ID": header}),
+                client.post(
+                    sync.json()["url"],
+                    json={"n": 1},
+                    headers={"Accept": "text/event-stream", "Last-Event-ID": header},
+                ),
+                client.get("/ui/runs", params={"before": number}),
+                client.get(
+                    f"/ui/triggers/{trigger_id}/log",
+                    params={"before": f"admitted.{number}.2024-01-01T00:00:00+00:00"},
+                ),
+                client.get(f"/ui/runs/{quote(number)}"),
+                client.get(f"/ui/triggers/{quote(number)}/log"),
+                client.get(f"/runs/{quote(number)}", headers=ADMIN),
+                client.get(f"/runs/{quote(number)}/events", headers=ADMIN),
+                client.post(
+                    "/workers",
+                    json={"workloops": f"emails:{number}", "tasks": ["echo"]},
+                    headers=worker,
+                ),
+            ]
+            lowest = 400 if not number.isascii() else 200
+            wrong = [
+                (f"{r.request.method} {r.request.url}", r.status_code, r.text[:200])
+                for r in answers
+                if not lowest <= r.status_code < 500
+            ]
+            assert not wrong, wrong
 
         send()

@@ -13,6 +13,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,6 +21,7 @@ import httpx
 import psycopg
 import pytest
 
+from tests.conftest import wait_until
 from tests.http_fixtures import (
     ADMIN,
     ApiServer,
@@ -192,6 +194,45 @@ async def test_a_body_postgresql_cannot_store_gets_400_with_the_reason(
     assert reason in assert_problem(response, 400)["title"]
     assert counts(sql) == (0, 0)
     await still_serving(client, hook)
+
+
+ENCODINGS = ["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-be"]
+"""Every encoding JSON bytes are read in: UTF-8, and UTF-16 and UTF-32 with a BOM or
+without (RFC 4627's detection)."""
+
+
+async def test_a_body_in_any_encoding_postgresql_cannot_store_gets_the_same_400(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection, tmp_path: Path
+) -> None:
+    """A NUL or a lone surrogate is refused with a 400 that says so in every encoding,
+    never a 422 "outside what the database can store" and a WARNING for the operator."""
+    log = tmp_path / "serve.log"
+    server = start_api(log=log)
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        await create_project(client, "acme")
+        hook = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+        for encoding in ENCODINGS:
+            for text, reason in [
+                ('{"a": "\\u0000"}', "contains a NUL character"),
+                ('{"a": "\\ud800"}', "contains a lone surrogate"),
+                ('{"\\u0000": 1}', "contains a NUL character"),
+            ]:
+                body = text.encode(encoding)
+                response = await client.post(hook["url"], content=body, headers=JSON)
+                title = assert_problem(response, 400)["title"]
+                assert reason in title, (encoding, text, title)
+        # Unescaped, in UTF-16: the surrogate's own two bytes.
+        raw = '{"a": "x"}'.encode("utf-16-le").replace(b"x\x00", b"\x00\xd8")
+        response = await client.post(hook["url"], content=raw, headers=JSON)
+        assert "lone surrogate" in assert_problem(response, 400)["title"]
+        assert counts(sql) == (0, 0)
+        accepted = await client.post(
+            hook["url"], content='{"caf\u00e9": 1}'.encode("utf-16"), headers=JSON
+        )
+        assert accepted.status_code == 202, accepted.text
+        await still_serving(client, hook)
+    text = log.read_text()
+    assert "the database refused a value" not in text, text[-3000:]
 
 
 async def test_a_body_nested_to_the_limit_is_stored_and_always_readable(
@@ -409,3 +450,47 @@ async def test_the_admin_token_survives_restarts_and_rotates_for_running_servers
         assert_problem(await client.get("/admin/projects", headers=ADMIN), 403)
         rotated = {"Authorization": "Bearer tga_rotated"}
         assert (await client.get("/admin/projects", headers=rotated)).status_code == 200
+
+
+async def test_a_client_that_hangs_up_mid_body_costs_one_debug_line_and_no_traceback(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection, tmp_path: Path
+) -> None:
+    """Half a body, then the connection closed: on an admin route, on the webhook route
+    (no token needed) and on the dashboard's sign-in (none either). Each is one DEBUG line
+    at most, never an ERROR with a traceback, with which anyone could flood the log."""
+    log = tmp_path / "serve.log"
+    server = start_api(log=log, verbose=True)
+    async with httpx.AsyncClient(base_url=server.url, timeout=20) as client:
+        await create_project(client, "acme")
+        hook = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+        address = urlsplit(server.url)
+        for path, headers, part in [
+            ("/admin/projects", {**JSON, **ADMIN}, b'{"id": "ac'),  # FastAPI reads it: 400
+            (hook["url"], JSON, b'{"order": '),
+            ("/ui/login", {"Content-Type": "application/x-www-form-urlencoded"}, b"token=tg"),
+        ]:
+            head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+            request = f"POST {path} HTTP/1.1\r\nHost: x\r\n{head}Content-Length: 1000\r\n\r\n"
+            _, writer = await asyncio.open_connection(address.hostname, address.port)
+            writer.write(request.encode() + part)
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        def answered(path: str) -> bool:
+            text = log.read_text()
+            return f"POST {path}: the client went away" in text or "Traceback" in text
+
+        await wait_until(lambda: answered(hook["url"]) and answered("/ui/login"), 10)
+        text = log.read_text()
+        assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
+        assert text.count("the client went away") == 2
+        # The webhook is counted, as every answer is, and kept in the webhook log.
+        await wait_until(
+            lambda: (
+                sql.execute("SELECT outcome, status FROM request_log").fetchall()
+                == [("disconnected", 499)]
+            ),
+            10,
+        )
+        await still_serving(client, hook)

@@ -512,6 +512,62 @@ def test_schedules_are_managed_with_the_cli(app: Tidegate, settings: Settings) -
         assert result.exit_code != 0 and message in result.output, result.output
 
 
+async def test_a_schedule_is_refused_the_fast_lane_and_a_project_that_does_not_exist(
+    app: Tidegate, api: ApiServer, sql: psycopg.Connection, settings: Settings
+) -> None:
+    """A fast-lane schedule firing every second would bypass the fast lane's admission
+    (its cap, its capacity check): refused in the admin API, the CLI and
+    ``@app.periodic``. So is a schedule of a project that does not exist."""
+    every_second = {"task": "echo", "interval_seconds": 1}
+    async with httpx.AsyncClient(base_url=api.url, headers=ADMIN) as client:
+        missing = await client.post(
+            "/admin/projects/nope/schedules", json={"name": "tick", **every_second}
+        )
+        assert_problem(missing, 404)
+        assert (await client.post("/admin/projects", json={"id": "acme"})).status_code == 201
+        fast = await client.post(
+            "/admin/projects/acme/schedules",
+            json={"name": "tick", "lane": "fast_lane", **every_second},
+        )
+        assert "'fast_lane'" in assert_problem(fast, 422)["title"]
+        created = await client.post(
+            "/admin/projects/acme/schedules", json={"name": "tick", **every_second}
+        )
+        assert created.status_code == 201, created.text
+        moved = await client.patch(
+            "/admin/projects/acme/schedules/tick", json={"lane": "fast_lane"}
+        )
+        assert "'fast_lane'" in assert_problem(moved, 422)["title"]
+        library = await client.post(
+            "/admin/projects/default/schedules", json={"name": "tick", **every_second}
+        )
+        assert library.status_code == 201, library.text  # the library's own project
+
+    env = _env(settings)
+    for args, message in [
+        (["create", "nope", "x", "--task", "echo", "--every", "1"], "no project 'nope'"),
+        (
+            ["create", "acme", "x", "--task", "echo", "--every", "1", "--lane", "fast_lane"],
+            "fast_lane",
+        ),
+    ]:
+        result = CliRunner().invoke(main, ["schedules", *args], env=env)
+        assert result.exit_code == 1 and message in result.output, result.output
+
+    with pytest.raises(ConfigError, match="'fast_lane'"):
+        app.periodic(every=1, name="fast", lane="fast_lane")(lambda: None)
+
+    @app.task(name="quick", lane="fast_lane")
+    def quick() -> None: ...
+
+    with pytest.raises(ConfigError, match="'fast_lane'"):
+        app.periodic(every=1)(quick)
+    assert sql.execute("SELECT project, name, lane FROM schedules ORDER BY project").fetchall() == [
+        ("acme", "tick", None),
+        ("default", "tick", None),
+    ]
+
+
 FIELD = st.sampled_from(
     ["*", "0", "5", "7", "59", "*/7", "*/1000", "1-5", "1,3", "L", "LW", "MON#2", "31", "2", "FEB"]
 )

@@ -8,9 +8,11 @@ session sees its own project only, through every page and fragment and by any id
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import subprocess
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -19,8 +21,10 @@ import httpx
 import psycopg
 import pytest
 
+from tests.conftest import wait_until
 from tests.http_fixtures import ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import NewRun, Tidegate
+from tidegate.ingress.signatures import sign
 from tidegate.schedules import create_schedule
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
@@ -301,6 +305,71 @@ async def test_the_run_list_pages_back_through_every_run_once(app: Tidegate, sig
     assert response.status_code == 422
 
 
+# -- security headers ---------------------------------------------------------------------
+
+INLINE = re.compile(r"<script(?![^>]*\bsrc=)[^>]*>|<style\b|\sstyle=|\son[a-z]+=|javascript:", re.I)
+"""What the Content-Security-Policy would refuse in a page: inline scripts, styles and
+event handlers."""
+
+
+async def test_every_dashboard_answer_forbids_framing_and_sniffing_and_pages_need_no_inline(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "orders", mode="async", task="noop")
+    run_id = (await client.post(trigger["url"], json={"n": 1})).json()["run_id"]
+    request_id = sql.execute("SELECT id FROM requests").fetchone()
+    assert request_id
+    browser = await sign_in(ADMIN_TOKEN)
+    pages = [
+        "/ui/",
+        "/ui/workers",
+        "/ui/projects",
+        "/ui/projects/acme",
+        "/ui/keys",
+        "/ui/schedules",
+        "/ui/runs",
+        f"/ui/runs/{run_id}",
+        f"/ui/fragments/runs/{run_id}",
+        "/ui/fragments/lanes",
+        f"/ui/triggers/{trigger['id']}/log",
+        f"/ui/triggers/{trigger['id']}/log/admitted/{request_id[0]}",
+    ]
+    answers = [await browser.client.get(path) for path in pages]
+    answers += [
+        await browser.client.get("/ui/api/activity"),
+        await browser.client.get("/ui/runs/999999"),  # 404
+        await browser.client.get("/ui/static/ui.js"),
+        await browser.client.get("/ui/static/uPlot.min.css"),
+        await client.get("/ui/login"),
+        await client.get("/ui/runs"),  # no session: to the sign-in page
+        await client.get("/ui/fragments/lanes", headers={"HX-Request": "true"}),  # 401
+        await browser.post(f"/ui/runs/{run_id}/cancel"),  # a redirect
+    ]
+    assert [a.status_code for a in answers[: len(pages)]] == [200] * len(pages)
+    assert [a.status_code for a in answers[len(pages) :]] == [
+        200,
+        404,
+        200,
+        200,
+        200,
+        303,
+        401,
+        303,
+    ]
+    for answer in answers:
+        where = f"{answer.request.method} {answer.request.url.path}"
+        policy = answer.headers.get("content-security-policy", "")
+        assert "frame-ancestors 'none'" in policy and "script-src 'self'" in policy, where
+        assert "'unsafe-inline'" not in policy and "'unsafe-eval'" not in policy, where
+        assert answer.headers.get("x-frame-options") == "DENY", where
+        assert answer.headers.get("x-content-type-options") == "nosniff", where
+        if answer.headers.get("content-type", "").startswith("text/html"):
+            assert not INLINE.search(answer.text), (where, INLINE.search(answer.text))
+    # The rest of the server is not the dashboard's to frame or not.
+    assert "content-security-policy" not in (await client.get("/healthz")).headers
+
+
 # -- the webhook log and replay -----------------------------------------------------------
 
 
@@ -401,6 +470,79 @@ async def test_replay_enqueues_the_trigger_task_with_the_same_args(
     before = sql.execute("SELECT count(*) FROM runs").fetchone()
     assert (await browser.post(path + "/replay")).status_code == 409
     assert sql.execute("SELECT count(*) FROM runs").fetchone() == before
+
+
+async def test_replay_runs_only_a_request_ingress_let_through_never_past_the_signature(
+    client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    """A forged unsigned body to a signed trigger is refused (401); its Replay is refused
+    too (409), as is one refused for its content type. A signed request refused by a
+    limit (429) replays into a run."""
+    project = await create_project(client, "acme", ingest_rate=0.001, ingest_burst=1)
+    secret = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
+    signed = await create_trigger(
+        client, "acme", "signed", mode="async", task="noop", secret=secret
+    )
+
+    def signature(webhook_id: str, body: bytes) -> dict[str, str]:
+        now = int(time.time())
+        return {
+            "content-type": "application/json",
+            "webhook-id": webhook_id,
+            "webhook-timestamp": str(now),
+            "webhook-signature": sign(secret, webhook_id, now, body),
+        }
+
+    body = b'{"order": 1}'
+    admitted = await client.post(signed["url"], content=body, headers=signature("m1", body))
+    assert admitted.status_code == 202, admitted.text
+    limited = await client.post(signed["url"], content=body, headers=signature("m2", body))
+    assert limited.status_code == 429, limited.text
+    forged = await client.post(signed["url"], json={"forged": True})
+    assert forged.status_code == 401, forged.text
+    plain = await client.post(
+        signed["url"], content=body, headers={**signature("m3", body), "content-type": "text/plain"}
+    )
+    assert plain.status_code == 415, plain.text
+
+    def logged() -> dict[str, int]:
+        found = sql.execute("SELECT outcome, id FROM request_log").fetchall()
+        return dict(found)  # type: ignore[arg-type]
+
+    await wait_until(lambda: len(logged()) == 3)  # the ledger writes about once a second
+    ids = logged()
+    assert set(ids) == {"rate_limited", "bad_signature", "not_json"}
+    browser = await sign_in(project["token"])
+    runs_before = sql.execute("SELECT count(*) FROM runs").fetchone()
+    for outcome in ("bad_signature", "not_json"):
+        path = f"/ui/triggers/{signed['id']}/log/refused/{ids[outcome]}"
+        refused = await browser.post(path + "/replay")
+        assert refused.status_code == 409, (outcome, refused.status_code, refused.text)
+        page = await browser.page(path)
+        assert '<button type="submit" disabled>Replay</button>' in page, outcome
+        assert f"refused for what it is ({outcome})" in page
+    assert sql.execute("SELECT count(*) FROM runs").fetchone() == runs_before
+
+    path = f"/ui/triggers/{signed['id']}/log/refused/{ids['rate_limited']}"
+    assert '<button type="submit">Replay</button>' in await browser.page(path)
+    replayed = await browser.post(path + "/replay")
+    assert replayed.status_code == 303, replayed.text
+    new_id = int(replayed.headers["location"].rsplit("/", 1)[1])
+    args = sql.execute("SELECT args FROM runs WHERE id = %s", [new_id]).fetchone()
+    assert args and args[0]["body"] == {"order": 1}
+
+    # The trigger's secret changes: what was signed with the old one replays no more.
+    changed = await client.patch(
+        f"/admin/triggers/{signed['id']}",
+        json={"secret": "whsec_" + base64.b64encode(b"x" * 32).decode()},
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+    )
+    assert changed.status_code == 200, changed.text
+    request_id = sql.execute("SELECT id FROM requests").fetchone()
+    assert request_id
+    path = f"/ui/triggers/{signed['id']}/log/admitted/{request_id[0]}"
+    refused = await browser.post(path + "/replay")
+    assert refused.status_code == 409 and "bad signature" in refused.text, refused.text
 
 
 # -- the cluster pages --------------------------------------------------------------------
@@ -677,6 +819,7 @@ async def test_the_schedules_page_shows_timing_last_run_and_errors_and_a_project
     app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
 ) -> None:
     alpha = await create_project(client, "alpha")
+    await create_project(client, "bravo")
     app.execute(
         create_schedule("alpha", "nightly", "noop", cron="30 2 * * *", timezone="Europe/Berlin")
     )

@@ -38,6 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tidegate import forward, policies, schedules
 from tidegate.errors import ConfigError, EnqueueError, InputError
+from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_identifier, check_json, check_lane, check_text
 from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import Run, RunState, run_row, stored_run
@@ -248,6 +249,8 @@ class Tidegate:
                 )
             except InputError as error:
                 raise ConfigError(f"schedule {declared_name!r}: {error}") from None
+            if lane is None and task.lane == FAST_LANE:  # the task's lane, at each tick
+                raise ConfigError(f"schedule {declared_name!r}: {schedules.NO_FAST_LANE}")
             if (project, declared_name) in self.schedules:
                 raise ConfigError(
                     f"schedule {declared_name!r} of project {project!r} is declared twice: "

@@ -459,6 +459,17 @@ def projects_update(
     _echo(_admin(ctx, update_project(project_id, **changes)))
 
 
+@projects.command("rotate-token")
+@click.argument("project_id")
+@click.pass_context
+def projects_rotate_token(ctx: click.Context, /, project_id: str) -> None:
+    """Give PROJECT_ID a new API token; prints it, shown only this once. The old token is
+    refused from its next request on, and the dashboard sessions opened with it end."""
+    from tidegate.projects import rotate_project_token
+
+    _echo(_admin(ctx, rotate_project_token(project_id)))
+
+
 @projects.command("list")
 @click.pass_context
 def projects_list(ctx: click.Context, /) -> None:
@@ -511,6 +522,19 @@ def triggers_update(ctx: click.Context, /, trigger_id: int, **changes: Any) -> N
             ctx, update_trigger(trigger_id, **{k: v for k, v in changes.items() if v is not None})
         )
     )
+
+
+@triggers.command("rotate")
+@click.argument("project_id")
+@click.argument("name")
+@click.pass_context
+def triggers_rotate(ctx: click.Context, /, project_id: str, name: str) -> None:
+    """Give trigger NAME of PROJECT_ID a new URL; prints it. Every API process answers the
+    old one 404 within a second (each keeps a trigger it looked up for that long)."""
+    from tidegate.projects import rotate_trigger_token
+
+    rotated = _admin(ctx, rotate_trigger_token(project_id, name))
+    _echo({**rotated, "url": f"/hooks/{rotated['token']}"})
 
 
 @triggers.command("list")

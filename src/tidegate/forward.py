@@ -41,12 +41,14 @@ import asyncio
 import base64
 import email.utils
 import logging
+import re
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import psycopg
@@ -55,7 +57,7 @@ from psycopg.rows import dict_row
 from tidegate.errors import InputError, TidegateError
 from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
-from tidegate.limits import check_text
+from tidegate.limits import DIGITS, check_text
 from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, Retry, Run, current_run
 from tidegate.storage.sql import Statement, Steps
 
@@ -68,9 +70,22 @@ MAX_FORWARD_HEADERS = 32
 DEFAULT_TIMEOUT_SECONDS = 10.0
 MAX_TIMEOUT_SECONDS = 300.0
 MAX_KEPT_BODY_BYTES = 64 * 1024
-"""The most of a response body a run's result keeps (and a sync caller gets)."""
+"""The most of a response body a run's result keeps (and a sync caller gets), decoded."""
+CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""The content codings an attempt asks for and decodes itself, within the bound above
+(zlib's ``wbits`` for each)."""
 MAX_RETRY_AFTER_SECONDS = 3600.0
 """A longer Retry-After is cut to this: a downstream cannot park a run for days."""
+_DAY = "(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+_MONTH = "(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
+_TIME = "[0-9]{2}:[0-9]{2}:[0-9]{2}"
+HTTP_DATE = re.compile(
+    f"{_DAY}, [0-9]{{2}} {_MONTH} [0-9]{{4}} {_TIME} GMT"
+    f"|(?:Mon|Tues|Wednes|Thurs|Fri|Satur|Sun)day, [0-9]{{2}}-{_MONTH}-[0-9]{{2}} {_TIME} GMT"
+    f"|{_DAY} {_MONTH} [0-9 ][0-9] {_TIME} [0-9]{{4}}"
+)
+"""An HTTP date (RFC 9110, 5.6.7): the IMF-fixdate, or the obsolete RFC 850 and asctime
+forms a recipient must still read."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
 FIND_RETRY_SECONDS = 5.0
 """When an attempt cannot read its request (the database or the API is unreachable)."""
@@ -133,6 +148,31 @@ def check_url(url: Any) -> str:
     if parts.username is not None or parts.password is not None:
         raise InputError("forward_url must not hold a user or password")
     return text
+
+
+def hook_token(url: str) -> str | None:
+    """Return the trigger token of ``url`` if its path is a tidegate hook's
+    (``.../hooks/{token}``), else ``None``."""
+    segments = unquote(urlsplit(url).path).rstrip("/").split("/")
+    return segments[-1] if len(segments) >= 2 and segments[-2] == "hooks" else None
+
+
+def address_of(url: str) -> tuple[str, int]:
+    """Return the host and port ``url`` goes to, the default port filled in."""
+    parts = urlsplit(url)
+    return parts.hostname or "", parts.port or DEFAULT_PORTS.get(parts.scheme, 0)
+
+
+LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0", "::"})
+"""Names of this machine for a server that listens on loopback or on every address."""
+
+
+def own_addresses(host: str, port: int) -> set[tuple[str, int]]:
+    """Return the addresses a server listening on ``host:port`` is reached at from here."""
+    host = host.strip("[]").lower()
+    if host in LOOPBACK or not host:
+        return {(name, port) for name in LOOPBACK}
+    return {(host, port)}
 
 
 def breaker_key_of(url: str) -> str:
@@ -215,13 +255,13 @@ def handler(find: FindDelivery) -> Callable[..., Awaitable[Any]]:
         target = f"{delivery.method} {delivery.url}"
         sync = run.lane == FAST_LANE  # a sync trigger's caller waits for the answer
         try:
-            response, content = await _send(delivery)
+            response, answer = await _send(delivery)
         except ForwardError as error:
             if not sync:
                 raise
             gateway = {"status": error.status, "headers": {}, "body": {"title": str(error)}}
             raise DownstreamFailing(str(error), reply=gateway) from None
-        kept = kept_response(response, content)
+        kept = kept_response(response, answer)
         status = response.status_code
         failing = status >= 500 or status == 429
         if sync:
@@ -269,7 +309,7 @@ def find_delivery(run_id: int) -> Steps[Delivery | None]:
     )
 
 
-async def _send(delivery: Delivery) -> tuple[httpx.Response, bytes]:
+async def _send(delivery: Delivery) -> tuple[httpx.Response, Answer]:
     """Send the request; return the answer and its body, read up to one byte past what
     is kept (so the cut is known, and a huge body is never held).
 
@@ -280,10 +320,12 @@ async def _send(delivery: Delivery) -> tuple[httpx.Response, bytes]:
     """
     timeout = delivery.timeout_seconds
     target = f"{delivery.method} {delivery.url}"
+    # The codings the attempt decodes itself (_read_bounded), whatever httpx would add.
+    headers = {"accept-encoding": "gzip, deflate", **delivery.headers}
     try:
         async with asyncio.timeout(timeout), httpx.AsyncClient(timeout=timeout) as client:
             request = client.build_request(
-                delivery.method, delivery.url, content=delivery.body, headers=delivery.headers
+                delivery.method, delivery.url, content=delivery.body, headers=headers
             )
             response = await client.send(request, stream=True)
             try:
@@ -294,33 +336,66 @@ async def _send(delivery: Delivery) -> tuple[httpx.Response, bytes]:
         raise ForwardError(f"{target}: no answer within {timeout}s", status=504) from None
     except httpx.HTTPError as error:
         raise ForwardError(f"{target}: {type(error).__name__}: {error}") from error
+    except zlib.error as error:
+        raise ForwardError(f"{target}: its answer's body does not decode: {error}") from None
 
 
-async def _read_bounded(response: httpx.Response) -> bytes:
-    chunks = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > MAX_KEPT_BODY_BYTES:
+@dataclass(frozen=True)
+class Answer:
+    """The body of an endpoint's answer as kept: its first bytes, and whether they are
+    decoded (else they are as sent, in the coding its ``content-encoding`` names)."""
+
+    content: bytes
+    decoded: bool = True
+
+
+async def _read_bounded(response: httpx.Response) -> Answer:
+    """Read the answer's body up to one byte past ``MAX_KEPT_BODY_BYTES``, decoded.
+
+    The bound counts decoded bytes, and nothing past it is ever decoded: a gzip body
+    inflates up to a thousand times, so a 150 KB answer can hold 150 MB, and decoding
+    each piece that arrives whole (as httpx does) held 64 MB at once. A body in a coding
+    tidegate does not decode (``br``, several codings) is kept as sent, bounded the same.
+    """
+    coding = response.headers.get("content-encoding", "").strip().lower()
+    wanted = MAX_KEPT_BODY_BYTES + 1
+    decoder = None
+    kept = bytearray()
+    async for piece in response.aiter_raw():
+        if coding in CODINGS and decoder is None:
+            raw = coding == "deflate" and not _zlib_header(piece)  # as some servers send it
+            decoder = zlib.decompressobj(-zlib.MAX_WBITS if raw else CODINGS[coding])
+        if decoder is None:
+            kept += piece[: wanted - len(kept)]
+        else:
+            kept += decoder.decompress(piece, wanted - len(kept))
+        if len(kept) >= wanted:
             break
-    return b"".join(chunks)
+    return Answer(bytes(kept), decoded=coding in ("", "identity", *CODINGS))
 
 
-def kept_response(response: httpx.Response, content: bytes) -> dict[str, Any]:
+def _zlib_header(data: bytes) -> bool:
+    """Tell whether ``data`` starts with a zlib header (RFC 1950), as ``deflate`` should."""
+    return len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+
+
+def kept_response(response: httpx.Response, answer: Answer) -> dict[str, Any]:
     """Return what a run keeps of a response: ``{status, headers, body, ...}``.
 
     The body is its first ``MAX_KEPT_BODY_BYTES``, as text when it is UTF-8 (without NUL,
     which jsonb cannot hold), else as base64 (``body_base64: true``); ``truncated`` says
     whether it was cut. Headers that belong to the connection or the framing are left
-    out, as are values a reply could not carry again.
+    out, as are values a reply could not carry again; ``content-encoding`` is kept only
+    for a body kept as sent.
     """
+    content = answer.content
     truncated = len(content) > MAX_KEPT_BODY_BYTES
     content = content[:MAX_KEPT_BODY_BYTES]
     text = _text(content, truncated)
     headers: dict[str, str] = {}
+    skipped = NOT_KEPT if answer.decoded else NOT_KEPT - {"content-encoding"}
     for name, value in response.headers.multi_items():
-        if name in NOT_KEPT or not (value.isascii() and value.isprintable()):
+        if name in skipped or not (value.isascii() and value.isprintable()):
             continue
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     kept: dict[str, Any] = {"status": response.status_code, "headers": headers}
@@ -347,16 +422,20 @@ def _text(content: bytes, truncated: bool) -> str | None:
 
 
 def retry_after(value: str | None) -> float | None:
-    """Return the seconds a ``Retry-After`` asks for (a number or an HTTP date), bounded.
+    """Return the seconds a ``Retry-After`` asks for, bounded: delta-seconds (ASCII digits)
+    or an HTTP date (RFC 9110's three forms), read strictly.
 
-    ``None`` when there is none or it cannot be read: the run then backs off as after
-    any failure.
+    ``None`` when there is none or it is anything else (``²``, ``1.5``, a date in another
+    shape): the run then backs off as after any failure, which the endpoint's status
+    decides; a value the endpoint sends never fails the attempt on its own.
     """
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if DIGITS.fullmatch(value):  # delta-seconds; past any bound, it is cut to the longest
         seconds = float(value)
+    elif not HTTP_DATE.fullmatch(value):
+        return None
     else:
         try:
             when = email.utils.parsedate_to_datetime(value)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tidegate.errors import ConfigError
-from tidegate.limits import LANE_NAME
+from tidegate.limits import LANE_NAME, MAX_COUNT, whole_number
 
 WILDCARD = "*"
 DEFAULT_CHAIN: tuple[str, ...] = ("manual", WILDCARD)
@@ -90,13 +90,16 @@ def parse_workloops(spec: str) -> tuple[WorkloopSpec, ...]:
         chain_text, colon, slots_text = group.rpartition(":")
         if not colon:
             raise ConfigError(f"workloop {group!r} needs a slot count, e.g. '{group}:4'")
-        if not slots_text.isdigit() or int(slots_text) < 1:
-            raise ConfigError(f"workloop {group!r}: slots must be a whole number >= 1")
+        slots = whole_number(slots_text, MAX_COUNT)
+        if slots is None or slots < 1:
+            raise ConfigError(
+                f"workloop {group!r}: slots must be a whole number from 1 to {MAX_COUNT}"
+            )
         try:
             chain = parse_chain(chain_text)
         except ConfigError as error:
             raise ConfigError(f"workloop {group!r}: {error}") from None
-        loops.append(WorkloopSpec(chain=chain, slots=int(slots_text)))
+        loops.append(WorkloopSpec(chain=chain, slots=slots))
     return tuple(loops)
 
 

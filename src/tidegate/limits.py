@@ -19,6 +19,8 @@ bodies, results             (64), strings and keys without   NaN; deep nesting e
                             digits                           no longer integers
 counts (caps, limits)       0 .. 2**31 - 1                   integer columns
 run ids                     1 .. 2**63 - 1                   bigint
+whole numbers in text       ASCII digits ``[0-9]`` only      ``str.isdigit`` takes ``²``,
+(headers, query, specs)                                      which ``int`` refuses
 rates, per second           0.001 .. 1,000,000               1/rate must be an interval
 retry delays, seconds       0 .. 31,536,000 (a year)         a timestamp must hold them
 weights                     0.001 .. 1,000                   1/weight is a clock step
@@ -62,6 +64,11 @@ IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 DOT_SEGMENTS = frozenset({".", ".."})
 LANE_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 """A lane name."""
+DIGITS = re.compile(r"[0-9]+")
+"""A whole number written as text: ASCII digits only. ``str.isdigit`` (and ``isdecimal``,
+``isnumeric``) also takes ``²`` (U+00B2), the Arabic-Indic ``U+0661`` and other Unicode
+digits, some of which ``int`` refuses (a ValueError deep in a handler: a 500) and some
+of which it reads (a number no client meant to send)."""
 TOKEN = re.compile(r"[\x21-\x7e]{1,255}")
 """A bearer token: visible ASCII, no spaces, as ``Authorization: Bearer <token>`` carries
 it (a token with a space, an accent or a leading blank could never be sent back)."""
@@ -98,6 +105,22 @@ def check_lane(value: Any, what: str = "lane name") -> str:
     if not isinstance(value, str) or not LANE_NAME.fullmatch(value):
         raise InputError(f"{what} must match [A-Za-z0-9_]{{1,64}}, got {_show(value)}")
     return value
+
+
+def whole_number(text: str, high: int = MAX_ID) -> int | None:
+    """Return ``text`` as a whole number from 0 to ``high``, or ``None`` when it is not one.
+
+    For whole numbers that arrive as text (a header, a query parameter, a workloop's slot
+    count): ASCII digits only (``DIGITS``), and, leading zeros aside, no longer than
+    ``high``, so that ``int`` never meets more digits than it converts (4,300).
+    """
+    if not DIGITS.fullmatch(text):
+        return None
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(high)):
+        return None
+    value = int(digits)
+    return value if value <= high else None
 
 
 def check_number(value: Any, what: str, low: float, high: float, *, whole: bool) -> float:
@@ -179,9 +202,20 @@ def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_D
     """Parse JSON strictly and check it (``check_json``); raise ``InputError`` saying why.
 
     Strict: no ``NaN`` or ``Infinity``, no number that overflows a float (``1e309``), no
-    integer past 4,300 digits, UTF-8 only.
+    integer past 4,300 digits, valid text. Bytes may be UTF-8, or UTF-16 or UTF-32 (with a
+    BOM, or as RFC 4627 detects them), as ``json`` reads them: each is held to the same
+    checks, and refused for the same reasons.
     """
+    full_check = False
     try:
+        if isinstance(data, bytes):
+            encoding = json.detect_encoding(data)
+            if not encoding.startswith("utf-8"):
+                # Decoded here as json would: the test for escapes below must read text
+                # (in UTF-16 a "\u" is not those two bytes), and a lone surrogate may
+                # come unescaped ("surrogatepass"), so the whole value is checked.
+                data = data.decode(encoding, "surrogatepass")
+                full_check = True
         value = json.loads(
             data,
             parse_constant=_refuse_constant,
@@ -191,13 +225,15 @@ def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_D
     except RecursionError:
         raise InputError(f"{what} is nested deeper than {max_depth} levels") from None
     except UnicodeDecodeError as error:
-        raise InputError(f"{what} is not UTF-8: {error.reason} at byte {error.start}") from None
+        name = error.encoding.upper().replace("-SIG", "")
+        raise InputError(f"{what} is not {name}: {error.reason} at byte {error.start}") from None
     except json.JSONDecodeError as error:
         raise InputError(f"{what} is malformed JSON: {error}") from None
-    # Text without a backslash escape cannot hold NUL or a lone surrogate: strict parsing
-    # refuses raw control characters and invalid UTF-8. Only the nesting is left to check.
+    # UTF-8 (or ASCII) without a backslash escape cannot hold NUL or a lone surrogate:
+    # strict parsing refuses raw control characters and invalid UTF-8. Only the nesting
+    # is left to check.
     escaped = ("\\u" if isinstance(data, str) else b"\\u") in data  # type: ignore[operator]
-    if escaped:
+    if escaped or full_check:
         check_json(value, what, max_depth)
     else:
         _check_depth(value, what, max_depth)

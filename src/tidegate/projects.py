@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
+from collections.abc import Collection
 from typing import Any
 
 import psycopg
@@ -74,6 +76,10 @@ def new_token(prefix: str) -> str:
     return f"{prefix}_{secrets.token_urlsafe(32)}"
 
 
+TOKEN_CHARS = re.compile(r"[A-Za-z0-9_-]{1,128}")
+"""What ``new_token`` writes (a prefix and URL-safe base64), with room to spare."""
+
+
 def create_project(project_id: str, **limits: Any) -> Steps[dict[str, Any]]:
     """Create a project; its API token is in the result, and shown only this once.
 
@@ -108,18 +114,40 @@ def update_project(project_id: str, **changes: Any) -> Steps[dict[str, Any]]:
     return dict(rows[0])
 
 
+def rotate_project_token(project_id: str) -> Steps[dict[str, Any]]:
+    """Give a project a new API token; the result holds it, shown only this once.
+
+    The old token is refused from the next request on, in every API process, and the
+    dashboard sessions opened with it end.
+    """
+    token = new_token("tgp")
+    rows = yield Statement(
+        "rotate_project_token", {"id": project_id, "token_hash": hash_token(token)}, dict_row
+    )
+    if not rows:
+        raise NotFoundError(f"no project {project_id!r}")
+    return {**rows[0], "token": token}
+
+
 def list_projects(project_id: str | None = None) -> Steps[list[dict[str, Any]]]:
     rows = yield Statement("list_projects", {"id": project_id}, dict_row)
     return [dict(row) for row in rows]
 
 
 def create_trigger(
-    project_id: str, name: str, *, mode: str, task: str | None = None, **options: Any
+    project_id: str,
+    name: str,
+    *,
+    mode: str,
+    task: str | None = None,
+    own_addresses: Collection[tuple[str, int]] = (),
+    **options: Any,
 ) -> Steps[dict[str, Any]]:
     """Create a trigger of a project; its URL token is in the result.
 
     ``task`` may be left out when the trigger forwards (``forward_url``): it is
-    ``tidegate.forward`` then, and no other task is allowed.
+    ``tidegate.forward`` then, and no other task is allowed. A ``forward_url`` that is a
+    hook of this tidegate is refused (``check_no_loop``, with ``own_addresses``).
     """
     try:
         check_identifier(name, "trigger name")
@@ -130,6 +158,8 @@ def create_trigger(
     if task is None:
         raise AdminError("a trigger needs a task, or a forward_url")
     options = _check_trigger({"mode": mode, "task": task, **options})
+    if options.get("forward_url") is not None:
+        yield from check_no_loop(options["forward_url"], own_addresses)
     params: dict[str, Any] = {
         "project": project_id,
         "name": name,
@@ -142,16 +172,21 @@ def create_trigger(
     return shown_trigger(rows[0])
 
 
-def update_trigger(trigger_id: int, **changes: Any) -> Steps[dict[str, Any]]:
+def update_trigger(
+    trigger_id: int, own_addresses: Collection[tuple[str, int]] = (), **changes: Any
+) -> Steps[dict[str, Any]]:
     """Change the fields given; a ``forward_url`` makes the task ``tidegate.forward``.
 
-    Clearing the ``forward_url`` (``None``) needs the task the webhooks go to instead.
+    Clearing the ``forward_url`` (``None``) needs the task the webhooks go to instead. A
+    ``forward_url`` that is a hook of this tidegate is refused, as ``create_trigger`` does.
     """
     if changes.get("forward_url") is not None:
         changes.setdefault("task", forward.FORWARD_TASK)
     elif "forward_url" in changes and changes.get("task") in (None, forward.FORWARD_TASK):
         raise AdminError("clearing forward_url needs the task the webhooks go to instead")
     changes = _check_trigger(changes)
+    if changes.get("forward_url") is not None:
+        yield from check_no_loop(changes["forward_url"], own_addresses)
     patch = {name: value for name, value in changes.items() if name in TRIGGER_FIELDS}
     rows = yield Statement(
         "update_trigger", {"id": trigger_id, "patch": json.dumps(patch)}, dict_row
@@ -159,6 +194,43 @@ def update_trigger(trigger_id: int, **changes: Any) -> Steps[dict[str, Any]]:
     if not rows:
         raise NotFoundError(f"no trigger {trigger_id}")
     return shown_trigger(rows[0])
+
+
+def rotate_trigger_token(project_id: str, name: str) -> Steps[dict[str, Any]]:
+    """Give trigger ``name`` of a project a new URL token (in the result): its old URL
+    finds no trigger, at once in the API process that rotates it and within
+    ``TRIGGER_CACHE_SECONDS`` (a second) in the others."""
+    rows = yield Statement(
+        "rotate_trigger_token",
+        {"project": project_id, "name": name, "token": new_token("tgh")},
+        dict_row,
+    )
+    if not rows:
+        raise NotFoundError(f"no trigger {name!r} in project {project_id!r}")
+    return shown_trigger(rows[0])
+
+
+def check_no_loop(url: str, own_addresses: Collection[tuple[str, int]]) -> Steps[None]:
+    """Raise ``AdminError`` when ``url`` is a hook of this tidegate: its webhooks would
+    be forwarded back in, each delivery a new webhook, for ever.
+
+    Refused: the URL of any trigger of this database, whatever the host it names (a
+    proxy, another name of this machine), the trigger's own included; and any
+    ``/hooks/`` path on one of ``own_addresses`` (where the server is reached).
+    """
+    token = forward.hook_token(url)
+    if token is None:
+        return
+    found = []
+    if TOKEN_CHARS.fullmatch(token):
+        found = yield Statement("find_trigger", {"token": token}, dict_row)
+    if found:
+        raise AdminError(
+            f"forward_url is the URL of trigger {found[0]['name']!r} of project "
+            f"{found[0]['project']!r}: forwarding there would loop"
+        )
+    if forward.address_of(url) in own_addresses:
+        raise AdminError("forward_url is a /hooks/ URL of this server: forwarding there would loop")
 
 
 def list_triggers(

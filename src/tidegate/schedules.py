@@ -61,6 +61,7 @@ from cronsim import CronSim, CronSimError
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
+from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     DEFAULT_MAX_JSON_DEPTH,
     check_identifier,
@@ -69,7 +70,7 @@ from tidegate.limits import (
     check_numbers,
     check_text,
 )
-from tidegate.projects import ConflictError, NotFoundError
+from tidegate.projects import DEFAULT_PROJECT, ConflictError, NotFoundError
 from tidegate.storage.sql import Statement, Steps
 
 CATCH_UP = ("once", "all", "skip")
@@ -134,6 +135,15 @@ BOUNDS = {
     "interval_seconds": (MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS, False),
     "catch_up_limit": (1, MAX_CATCH_UP_LIMIT, True),
 }
+
+
+NO_FAST_LANE = (
+    f"a schedule's runs cannot go to lane {FAST_LANE!r}: it is the sync webhooks' lane, "
+    "whose runs a waiting caller was admitted for under the project's fast-lane cap, "
+    "and a schedule's runs are inserted without admission; give them a lane of their own "
+    "(and a workloop slots for it) to keep them apart from the backlog"
+)
+"""Why a schedule is refused lane ``fast_lane`` (the API, the CLI, ``@app.periodic``)."""
 
 
 class ScheduleError(InputError):
@@ -256,6 +266,8 @@ def check_schedule(
         check_json(checked["args"], "args", max_json_depth)
         if checked["lane"] is not None:
             check_lane(checked["lane"])
+        if checked["lane"] == FAST_LANE:
+            raise ScheduleError(NO_FAST_LANE)
         if checked["key"] is not None:
             check_text(checked["key"], "key")
     except InputError as error:
@@ -315,10 +327,16 @@ def create_schedule(
 ) -> Steps[dict[str, Any]]:
     """Create schedule ``name`` of ``project`` running ``task``, with ``cron`` or
     ``interval_seconds`` and the other ``FIELDS`` as options; its first tick is the
-    first after now. Return it as ``get_schedule`` does."""
+    first after now. Return it as ``get_schedule`` does.
+
+    ``NotFoundError`` when the project does not exist (``default``, the library's own,
+    always does): a schedule of no project would make runs nobody can see or limit.
+    """
     checked = new_schedule(project, name, task, max_json_depth, **options)
     first = checked["timing"].first_tick(datetime.now(UTC))
-    yield Statement("insert_schedule", _params(project, name, checked, first))
+    params = {**_params(project, name, checked, first), "default_project": DEFAULT_PROJECT}
+    if not (yield Statement("insert_schedule", params)):
+        raise NotFoundError(f"no project {project!r}: create it first")
     return (yield from get_schedule(project, name))
 
 

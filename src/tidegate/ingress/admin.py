@@ -56,6 +56,8 @@ from tidegate.projects import (
     domain_error,
     list_projects,
     list_triggers,
+    rotate_project_token,
+    rotate_trigger_token,
     update_project,
     update_trigger,
 )
@@ -104,6 +106,7 @@ KeyPath = Annotated[
     str, Path(min_length=1, max_length=MAX_TEXT_CHARS, description="a key, or * for the lane")
 ]
 TriggerIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
+TriggerNamePath = Annotated[str, Path(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)]
 ScheduleNamePath = Annotated[str, Path(min_length=1, max_length=MAX_TEXT_CHARS)]
 Secret = Annotated[
     str,
@@ -232,6 +235,15 @@ async def _shown(request: Request, trigger: dict[str, Any]) -> dict[str, Any]:
     return {**trigger, "url": f"/hooks/{trigger['token']}", "warnings": warnings}
 
 
+def _own_addresses(request: Request) -> set[tuple[str, int]]:
+    """Where this server is reached: the address the admin's request came to (its
+    ``Host``), and the one it listens on (every loopback name, listening on loopback or
+    on every address). A forward URL to a ``/hooks/`` path there would loop."""
+    settings = request.app.state.ingress.settings
+    came_to = forward.address_of(str(request.url))
+    return {came_to, *forward.own_addresses(settings.host, settings.port)}
+
+
 def _rows(name: str, params: dict[str, Any]) -> Steps[list[Any]]:
     return (yield Statement(name, params))
 
@@ -265,6 +277,15 @@ async def patch_project(
     return await _apply(request, update_project(project_id, **changes))  # type: ignore[no-any-return]
 
 
+@router.post("/projects/{project_id}/token/rotate", responses=NOT_FOUND)
+async def post_project_token_rotation(
+    project_id: ProjectIdPath, request: Request
+) -> dict[str, Any]:
+    """Give the project a new API token, shown only this once. The old one is refused from
+    the next request on, and the dashboard sessions opened with it end."""
+    return await _apply(request, rotate_project_token(project_id))  # type: ignore[no-any-return]
+
+
 @router.post(
     "/projects/{project_id}/triggers", status_code=201, responses={**NOT_FOUND, **CONFLICT}
 )
@@ -276,9 +297,15 @@ async def post_trigger(
     With a ``forward_url``, the task is ``tidegate.forward`` (leave ``task`` out).
     """
     fields = body.model_dump(exclude={"name", "mode", "task"}, exclude_unset=True)
-    created = await _apply(
-        request, create_trigger(project_id, body.name, mode=body.mode, task=body.task, **fields)
+    steps = create_trigger(
+        project_id,
+        body.name,
+        mode=body.mode,
+        task=body.task,
+        own_addresses=_own_addresses(request),
+        **fields,
     )
+    created = await _apply(request, steps)
     return await _shown(request, created)
 
 
@@ -287,12 +314,24 @@ async def get_triggers(project_id: ProjectIdPath, request: Request) -> list[dict
     return [await _shown(request, t) for t in await _apply(request, list_triggers(project_id))]
 
 
+@router.post("/projects/{project_id}/triggers/{name}/rotate", responses=NOT_FOUND)
+async def post_trigger_rotation(
+    project_id: ProjectIdPath, name: TriggerNamePath, request: Request
+) -> dict[str, Any]:
+    """Give the trigger a new URL (``url``). The old one answers 404 at once here and
+    within a second in every other API process (each keeps a trigger it looked up for
+    up to a second)."""
+    rotated = await _apply(request, rotate_trigger_token(project_id, name))
+    request.app.state.ingress.triggers.clear()  # this process drops the old URL at once
+    return await _shown(request, rotated)
+
+
 @router.patch("/triggers/{trigger_id}", responses=NOT_FOUND)
 async def patch_trigger(
     trigger_id: TriggerIdPath, body: TriggerFields, request: Request
 ) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
-    updated = await _apply(request, update_trigger(trigger_id, **changes))
+    updated = await _apply(request, update_trigger(trigger_id, _own_addresses(request), **changes))
     request.app.state.ingress.triggers.clear()  # this process uses the change at once
     return await _shown(request, updated)
 
@@ -414,7 +453,9 @@ class NewSchedule(ScheduleFields):
     task: Text
 
 
-@router.post("/projects/{project_id}/schedules", status_code=201, responses=CONFLICT)
+@router.post(
+    "/projects/{project_id}/schedules", status_code=201, responses={**NOT_FOUND, **CONFLICT}
+)
 async def post_schedule(
     project_id: ProjectIdPath, body: NewSchedule, request: Request
 ) -> JSONAnswer:

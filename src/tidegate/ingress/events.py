@@ -26,6 +26,7 @@ from starlette.responses import StreamingResponse
 
 from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
+from tidegate.limits import whole_number
 from tidegate.runs import Run, run_row
 from tidegate.storage.sql import Statement, Steps
 
@@ -58,9 +59,10 @@ def last_event_id(value: str | None) -> int | None:
     value = value.strip()
     if value == END_ID:
         return None
-    if not value.isdigit() or len(value) > 19:
+    event_id = whole_number(value)
+    if event_id is None:
         raise InputError(f"Last-Event-ID {value[:40]!r} is not an id this server sent")
-    return int(value)
+    return event_id
 
 
 def sse(event: str, data: str, event_id: str | None = None) -> bytes:

@@ -16,7 +16,8 @@ body or matches a route:
   route's would be (503 when unreachable);
 - ``/ui`` (the dashboard): the session is found from its cookie, the same way before
   any body is read (``tidegate.ui.session.admit``): a page without one is sent to the
-  sign-in page, anything else is answered 401;
+  sign-in page, anything else is answered 401; every answer under ``/ui`` gets the
+  dashboard's security headers (``session.HEADERS``: CSP, no framing, nosniff);
 - a body over its limit: 413, on ``Content-Length`` and again while it arrives (the JSON
   APIs: ``max_api_body_bytes``; the webhook route applies its trigger's own limit);
 - a body that stops arriving for ``read_timeout_seconds``, or that is not all in within
@@ -38,6 +39,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegate.ingress.auth import Refused, authenticate, authenticate_worker
 from tidegate.ingress.server import database_problem, problem
+from tidegate.limits import whole_number
 from tidegate.ui import session
 
 if TYPE_CHECKING:
@@ -77,10 +79,13 @@ class Guard:
             return
         settings = self.ingress.settings
         path: str = scope["path"]
+        if session.is_dashboard(path):
+            send = session.with_headers(send)  # its refusals below included
         headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
         length = headers.get("content-length", b"")
         with_body = bool(length.strip(b"0")) or b"chunked" in headers.get("transfer-encoding", b"")
-        refusal = self._malformed(scope, length)
+        declared = whole_number(length.decode("latin-1")) if length else None
+        refusal = self._malformed(scope, length, declared)
         answer: Response | None = None
         if refusal is None and path.startswith((WORKERS, *AUTHENTICATED)):
             authorization = headers.get("authorization", b"").decode("latin-1")
@@ -103,7 +108,7 @@ class Guard:
             except psycopg.Error as error:
                 answer = database_problem(error, scope["method"], path)
         limit = None if path.startswith("/hooks/") else settings.max_api_body_bytes
-        if refusal is None and limit is not None and length and int(length) > limit:
+        if refusal is None and limit is not None and declared is not None and declared > limit:
             refusal = (413, f"body over {limit} bytes", {})
         if refusal is not None:
             status, title, extra = refusal
@@ -130,13 +135,15 @@ class Guard:
 
         await self.app(scope, body.receive, closing_send)
 
-    def _malformed(self, scope: Scope, length: bytes) -> tuple[int, str, dict[str, str]] | None:
+    def _malformed(
+        self, scope: Scope, length: bytes, declared: int | None
+    ) -> tuple[int, str, dict[str, str]] | None:
         settings = self.ingress.settings
         if len(scope["headers"]) > settings.max_headers:
             return 431, f"more than {settings.max_headers} header fields", {}
         if "\x00" in scope["path"] or b"%00" in scope["query_string"]:
             return 400, "a NUL character (%00) in the URL", {}
-        if length and not length.isdigit():
+        if length and declared is None:
             return 400, "Content-Length is not a number", {}
         return None
 

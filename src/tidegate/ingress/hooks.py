@@ -36,13 +36,21 @@ import psycopg
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
+from starlette.requests import ClientDisconnect
 
 from tidegate.errors import InputError
 from tidegate.forward import breaker_key_of
 from tidegate.ingress import events
 from tidegate.ingress.guard import CLOSE
 from tidegate.ingress.ledger import LoggedRequest
-from tidegate.ingress.server import Ingress, database_problem, problem, problem_responses
+from tidegate.ingress.server import (
+    CLIENT_GONE,
+    Ingress,
+    client_gone,
+    database_problem,
+    problem,
+    problem_responses,
+)
 from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import MAX_ID, check_text, parse_json
@@ -83,12 +91,86 @@ OUTCOMES = {
     404: "unknown_trigger",
     413: "too_large",
     415: "not_json",
+    CLIENT_GONE: "disconnected",
 }
 """The outcome of a request refused before admission, by its status."""
 
 
+ADMISSION_REFUSALS = frozenset(
+    {"rate_limited", "over_cap", "breaker_open", "no_worker", "no_capacity", "backlog_full"}
+)
+"""The admission's refusals (``admit_webhook``'s decisions that make no run). Each came
+after the request passed every check of its own (``validate``), for a reason of the
+moment: a limit, the workers' capacity, a breaker."""
+REPLAYABLE = ADMISSION_REFUSALS | {"replayed", "unavailable"}
+"""The outcomes of logged requests that a replay may turn into a run: those refused (or
+answered with an earlier run) after ``validate`` passed them. A request refused for its
+own content (its signature, its body, its content type) is refused again, never run."""
+
+
 class BodyTooLarge(Exception):
     pass
+
+
+class Invalid(Exception):
+    """A webhook refused for what it is (``validate``): its status, title and details."""
+
+    def __init__(self, status: int, title: str, **extra: Any) -> None:
+        super().__init__(title)
+        self.status = status
+        self.title = title
+        self.extra = extra
+
+
+def validate(
+    secret: str | None,
+    headers: Mapping[str, str],
+    body: bytes,
+    max_json_depth: int,
+    now: float | None = None,
+) -> tuple[Any, str | None]:
+    """Return a webhook's JSON and its idempotency key, or raise ``Invalid`` saying why.
+
+    The checks of a request's own content, after its size: the content type (415), the
+    JSON (400), the Standard Webhooks signature when ``secret`` is set (401, or
+    ``MisconfiguredSecret`` when the secret itself is not one), the idempotency key
+    (400). A replay from the webhook log goes through them again, with ``now`` the time
+    the request was received: a request that never passed them cannot be replayed into
+    a run. ``headers``: lower-case names, as received.
+    """
+    content_type = headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if not (
+        media_type == "application/json"
+        or (media_type.startswith("application/") and media_type.endswith("+json"))
+    ):
+        raise Invalid(
+            415,
+            f"content type {media_type or '(none)'!r} is not JSON",
+            accepts=["application/json"],
+        )
+    try:
+        payload = parse_json(body, "the body", max_json_depth)
+    except InputError as error:
+        raise Invalid(400, str(error)) from None
+    if secret:
+        try:
+            verify(secret, headers, body, now)
+        except MisconfiguredSecret:
+            raise
+        except SignatureError as error:
+            raise Invalid(401, f"bad signature: {error}") from None
+        # Only what the signature covers may dedupe: a fresh Idempotency-Key on a
+        # captured request must not make it a new one.
+        idempotency_key = headers.get("webhook-id")
+    else:
+        idempotency_key = headers.get("idempotency-key") or headers.get("webhook-id")
+    if idempotency_key is not None:
+        try:
+            check_text(idempotency_key, "the idempotency key")
+        except InputError as error:
+            raise Invalid(400, str(error)) from None
+    return payload, idempotency_key
 
 
 @dataclass(frozen=True)
@@ -154,6 +236,8 @@ async def receive(token: str, request: Request) -> Response:
         except psycopg.Error as error:
             response = database_problem(error, request.method, request.url.path)
             note.outcome = "unavailable" if response.status_code == 503 else None
+        except ClientDisconnect:
+            response = client_gone(request.method, request.url.path)
         _record(ingress, note, response, time.monotonic() - started, admitting)
     return response
 
@@ -229,7 +313,7 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
         return problem(404, "unknown trigger")
     limit = min(trigger.max_body_bytes, settings.max_body_bytes)
     declared = request.headers.get("content-length")
-    if declared is not None and int(declared) > limit:  # digits: the Guard checked
+    if declared is not None and int(declared) > limit:  # whole_number: the Guard checked
         return problem(413, f"body over {limit} bytes", CLOSE, max_bytes=limit)
     headers_size = sum(len(k) + len(v) for k, v in headers.items())
     if headers_size >= limit:
@@ -240,41 +324,16 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
         return problem(413, f"headers and body over {limit} bytes", CLOSE, max_bytes=limit)
     note.body = body
     content_type = request.headers.get("content-type", "")
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if not (
-        media_type == "application/json"
-        or (media_type.startswith("application/") and media_type.endswith("+json"))
-    ):
-        return problem(
-            415,
-            f"content type {media_type or '(none)'!r} is not JSON",
-            accepts=["application/json"],
-        )
     try:
-        payload = parse_json(body, "the body", settings.max_json_depth)
-    except InputError as error:
-        return problem(400, str(error))
-    if trigger.secret:
-        try:
-            verify(trigger.secret, request.headers, body)
-        except MisconfiguredSecret as error:
-            log.error("trigger %d (%s): its secret is invalid: %s", trigger.id, trigger.name, error)
-            return problem(401, "bad signature")
-        except SignatureError as error:
-            return problem(401, f"bad signature: {error}")
-        # Only what the signature covers may dedupe: a fresh Idempotency-Key on a
-        # captured request must not make it a new one.
-        idempotency_key = request.headers.get("webhook-id")
-    else:
-        idempotency_key = request.headers.get("idempotency-key") or request.headers.get(
-            "webhook-id"
+        payload, idempotency_key = validate(
+            trigger.secret, request.headers, body, settings.max_json_depth
         )
-    if idempotency_key is not None:
-        try:
-            check_text(idempotency_key, "the idempotency key")
-        except InputError as error:
-            return problem(400, str(error))
-        note.idempotency_key = idempotency_key
+    except MisconfiguredSecret as error:
+        log.error("trigger %d (%s): its secret is invalid: %s", trigger.id, trigger.name, error)
+        return problem(401, "bad signature")
+    except Invalid as invalid:
+        return problem(invalid.status, invalid.title, **invalid.extra)
+    note.idempotency_key = idempotency_key
 
     stream_after = None
     if trigger.mode == "sync" and events.wants_events(request.headers.get("accept")):

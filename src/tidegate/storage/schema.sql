@@ -333,7 +333,7 @@ CREATE TABLE request_log (
 CREATE INDEX request_log_trigger ON request_log (trigger_id, received_at, id);
 CREATE INDEX request_log_received ON request_log (received_at);
 
--- The super admin's token (its sha256), when it was generated rather than configured.
+-- The super admin's token (its sha256): configured (TIDEGATE_ADMIN_TOKEN) or generated.
 CREATE TABLE admin_tokens (
     singleton  boolean     PRIMARY KEY DEFAULT true CHECK (singleton),
     token_hash text        NOT NULL,
@@ -349,7 +349,10 @@ CREATE TABLE ui_sessions (
     project    text        REFERENCES projects (id) ON DELETE CASCADE,
     csrf_token text        NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
-    expires_at timestamptz NOT NULL
+    expires_at timestamptz NOT NULL,
+    -- The sha256 of the token the session was opened with: it ends when that token, the
+    -- project's or the super admin's, is rotated (queries/find_ui_session.sql).
+    token_hash text        NOT NULL
 );
 CREATE INDEX ui_sessions_expires ON ui_sessions (expires_at);
 

@@ -74,7 +74,7 @@ async def login(request: Request) -> Response:
     if caller is None:
         return render(request, "login.html", 401, message="Unknown token.")
     seconds = ingress.settings.ui_session_seconds
-    session_id = await ingress.run(open_session(caller, seconds))
+    session_id = await ingress.run(open_session(caller, token, seconds))
     response = RedirectResponse("/ui/", status_code=303)
     set_cookie(response, session_id, seconds, secure=_secure(request))
     return response

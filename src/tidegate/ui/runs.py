@@ -15,7 +15,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from tidegate.errors import InputError
 from tidegate.ingress.runs_api import cancel_steps, retry_steps
-from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text
+from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
 from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
@@ -55,9 +55,10 @@ def _before(request: Request) -> int | None:
     raw = request.query_params.get("before") or None
     if raw is None:
         return None
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ID:
+    before = whole_number(raw)
+    if before is None or before < 1:
         raise HTTPException(422, f"before must be a run id, 1 to {MAX_ID}")
-    return int(raw)
+    return before
 
 
 @router.get("/runs")

@@ -3,7 +3,9 @@
 - ``POST /ui/login`` takes the super admin's token or a project's token (the same lookup
   as ``Authorization: Bearer``, by sha256) and opens a session: a row in
   ``ui_sessions`` keyed by the sha256 of a random id, with a random CSRF token, for
-  ``ui_session_seconds``. The browser holds the id in the cookie ``tidegate_session``
+  ``ui_session_seconds``, or until the token it was opened with is rotated (the row
+  keeps the token's sha256, and a session whose token is no longer its holder's is
+  no session). The browser holds the id in the cookie ``tidegate_session``
   (HttpOnly, SameSite=Strict, Path=/ui, Secure over https).
 - ``admit`` runs in the ``Guard``, before any body is read: a request under ``/ui``
   (but the sign-in page and the static files) without a live session is refused there,
@@ -13,6 +15,9 @@
   (``Caller``: project None for the super admin) and ``request.state.ui_session``.
 - A POST whose ``Origin`` is not this server's ``Host`` is refused (403), the sign-in
   included.
+- Every answer under /ui carries ``HEADERS``: a Content-Security-Policy that allows the
+  dashboard's own files only and no frame around it, ``X-Frame-Options: DENY``,
+  ``X-Content-Type-Options: nosniff``.
 - Every POST but the sign-in carries the session's CSRF token, as the form field
   ``csrf_token`` or the header ``X-CSRF-Token`` (htmx); ``check_csrf`` compares it in
   constant time and answers 403 when it is missing or wrong. SameSite=Strict already
@@ -32,7 +37,7 @@ from urllib.parse import parse_qsl, urlsplit
 from fastapi import Depends, HTTPException, Request
 from psycopg.rows import dict_row
 from starlette.responses import RedirectResponse, Response
-from starlette.types import Scope
+from starlette.types import Message, Scope, Send
 
 from tidegate.ingress.auth import Caller
 from tidegate.ingress.server import problem
@@ -48,6 +53,23 @@ PUBLIC = ("/ui/login", "/ui/static/")
 """Paths under /ui that need no session: the sign-in page, the scripts and styles."""
 MAX_FORM_FIELDS = 20
 """More fields than any dashboard form has: a body past it is refused (400)."""
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+"""What a dashboard page may load and do: its own scripts, styles and requests, nothing
+inline (no template has an inline script, style or event handler, and htmx is told not
+to add its indicator style: base.html's htmx-config), no other site, and no frame around
+it. A script injected into a page despite the escaping would not run."""
+HEADERS = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+"""Sent with every answer under /ui (pages, fragments, static files, redirects, refusals):
+no other site may frame the dashboard (clickjacking a Retry or a Replay), no file is
+read as another type than it is sent as, and no run's URL leaves in a Referer."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +83,17 @@ class Session:
 
 def is_dashboard(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def with_headers(send: Send) -> Send:
+    """``send`` that adds the dashboard's ``HEADERS`` to the answer it starts."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), *HEADERS]
+        await send(message)
+
+    return sending
 
 
 async def admit(ingress: Ingress, scope: Scope, headers: dict[str, bytes]) -> Response | None:
@@ -158,14 +191,17 @@ async def check_csrf(request: Request, session: Session) -> dict[str, str]:
     return form
 
 
-def open_session(caller: Caller, seconds: float) -> Steps[str]:
-    """Store a new session for ``caller``; return the id that goes in the cookie."""
+def open_session(caller: Caller, token: str, seconds: float) -> Steps[str]:
+    """Store a new session for ``caller``, who signed in with ``token``; return the id
+    that goes in the cookie. The session keeps the token's digest: rotating the token
+    ends it (``find_ui_session``)."""
     session_id = secrets.token_urlsafe(32)
     yield Statement(
         "insert_ui_session",
         {
             "id_hash": hash_token(session_id),
             "project": caller.project,
+            "token_hash": hash_token(token),
             "csrf_token": secrets.token_urlsafe(32),
             "seconds": seconds,
         },

@@ -8,8 +8,11 @@ triggers only: any other trigger id, or a request of another trigger, is a 404.
 Replay enqueues a new run of the trigger's task with the args shaped exactly as
 ingress shapes them (``{"body", "headers", "trigger"}``), with the project as key, in
 the ``default`` lane: a sync trigger's runs go to ``fast_lane`` because a caller waits
-for them, and nobody waits for a replay. A request whose body was kept truncated
-cannot be replayed: the run would get a body that was never sent.
+for them, and nobody waits for a replay. Only a request that passed ingress's checks
+of its own content can be replayed: one admitted, or refused by the admission (a limit
+of the moment), its content type, JSON and signature checked again (``_replayable``).
+A request refused for its signature or its body, or whose body was kept truncated (the
+run would get a body that was never sent), cannot.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from tidegate.app import DEFAULT_LANE, NewRun
 from tidegate.errors import EnqueueError, InputError
-from tidegate.limits import MAX_ID, parse_json
+from tidegate.ingress.hooks import REPLAYABLE, Invalid, validate
+from tidegate.ingress.signatures import MisconfiguredSecret
+from tidegate.limits import MAX_ID, parse_json, whole_number
 from tidegate.runs import RunState
 from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
@@ -53,10 +58,11 @@ def _keyset(raw: str | None) -> tuple[datetime | None, str | None, int | None]:
         return None, None, None
     kind, _, rest = raw.partition(".")
     number, _, moment = rest.partition(".")
+    request_id = whole_number(number)
     try:
-        if kind not in ("admitted", "refused") or not number.isdigit():
+        if kind not in ("admitted", "refused") or request_id is None:
             raise ValueError
-        return datetime.fromisoformat(moment), kind, int(number)
+        return datetime.fromisoformat(moment), kind, request_id
     except ValueError:
         raise HTTPException(422, "before is not a position in this log") from None
 
@@ -132,6 +138,43 @@ def _payload(request: Request, entry: dict[str, Any]) -> Any:
     return parse_json(bytes(entry["body"]), "the body", ingress_of(request).settings.max_json_depth)
 
 
+class NotReplayable(Exception):
+    """Why a logged request cannot be replayed."""
+
+
+def _replayable(request: Request, trigger: dict[str, Any], entry: dict[str, Any]) -> Any:
+    """Return the body a replay of this request runs with, or raise ``NotReplayable``.
+
+    A replay passes what the request passed when it arrived, checked again: only a
+    request admitted, or refused by the admission (a limit, capacity, a breaker: a
+    reason of the moment), qualifies; the trigger must be enabled; and its content type,
+    JSON and signature must pass ``validate`` now, against the trigger's secret as it is
+    now, at the time the request was received. A request refused for its signature, or
+    for what it holds, is never replayed into a run.
+    """
+    if entry["body_truncated"]:
+        raise NotReplayable("only the start of its body was kept")
+    if entry["kind"] == "refused" and entry["outcome"] not in REPLAYABLE:
+        raise NotReplayable(
+            f"it was refused for what it is ({entry['outcome']}), and would be again"
+        )
+    if not trigger["enabled"]:
+        raise NotReplayable("the trigger is disabled")
+    try:
+        payload, _ = validate(
+            trigger["secret"],
+            entry["headers"],
+            bytes(entry["body"]),
+            ingress_of(request).settings.max_json_depth,
+            now=entry["received_at"].timestamp(),
+        )
+    except MisconfiguredSecret:
+        raise NotReplayable("the trigger's signing secret is not a valid one") from None
+    except Invalid as invalid:
+        raise NotReplayable(invalid.title) from None
+    return payload
+
+
 @router.get("/triggers/{trigger_id}/log/{kind}/{request_id}")
 async def logged_request(
     trigger_id: IdPath, kind: Kind, request_id: IdPath, request: Request, session: Current
@@ -139,14 +182,15 @@ async def logged_request(
     """A request as it arrived: headers, body (indented when it is JSON), and Replay."""
     trigger, entry = await _entry(request, session, trigger_id, kind, request_id)
     raw = bytes(entry["body"])
-    why_not = ""
     try:
         body = json.dumps(_payload(request, entry), indent=2, ensure_ascii=False)
-    except InputError as error:
+    except InputError:
         body = raw.decode("utf-8", errors="replace")
-        why_not = f"Cannot be replayed: {error}."
-    if entry["body_truncated"]:
-        why_not = "Cannot be replayed: only the start of its body was kept."
+    why_not = ""
+    try:
+        _replayable(request, trigger, entry)
+    except NotReplayable as reason:
+        why_not = f"Cannot be replayed: {reason}."
     return render(
         request,
         "request.html",
@@ -165,12 +209,10 @@ async def replay(
     """Enqueue a new run of the trigger's task from this request; go to the run's page."""
     await check_csrf(request, session)
     trigger, entry = await _entry(request, session, trigger_id, kind, request_id)
-    if entry["body_truncated"]:
-        raise HTTPException(409, "only the start of this request's body was kept")
     try:
-        payload = _payload(request, entry)
-    except InputError as error:
-        raise HTTPException(409, f"cannot be replayed: {error}") from None
+        payload = _replayable(request, trigger, entry)
+    except NotReplayable as reason:
+        raise HTTPException(409, f"cannot be replayed: {reason}") from None
     args = {"body": payload, "headers": entry["headers"], "trigger": trigger["name"]}
     ingress = ingress_of(request)
     new = NewRun(
