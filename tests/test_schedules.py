@@ -298,8 +298,13 @@ async def test_a_tick_whose_run_cannot_be_made_is_logged_kept_in_last_error_and_
     async def keyed(**_: Any) -> None:
         return None
 
+    @app.task(name="quick", lane="fast_lane")  # a schedule naming no lane takes this one
+    async def quick() -> None:
+        return None
+
     app.migrate()
     app.execute(create_schedule("default", "broken", "keyed", interval_seconds=1))
+    app.execute(create_schedule("default", "fast", "quick", interval_seconds=1))
     app.execute(
         create_schedule("default", "fine", "keyed", interval_seconds=1, args={"tenant": "a"})
     )
@@ -310,6 +315,9 @@ async def test_a_tick_whose_run_cannot_be_made_is_logged_kept_in_last_error_and_
             assert all(not s.task.done() for s in worker.services if s.task)  # type: ignore[attr-defined]
     broken = app.execute(get_schedule("default", "broken"))
     assert broken["last_error"].startswith("KeyError") and broken["last_run_id"] is None
+    fast = app.execute(get_schedule("default", "fast"))
+    assert "'fast_lane'" in fast["last_error"] and fast["last_run_id"] is None
+    assert sql.execute("SELECT count(*) FROM runs WHERE task = 'quick'").fetchone() == (0,)
     assert app.execute(get_schedule("default", "fine"))["last_error"] is None
     assert any(
         "'broken'" in r.getMessage() and "made no run" in r.getMessage() for r in caplog.records

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from psycopg.rows import dict_row
 
 from tidegate.app import NewRun
-from tidegate.schedules import Plan, plans, sync_declared, tick_key
+from tidegate.lanes import FAST_LANE
+from tidegate.schedules import NO_FAST_LANE, Plan, ScheduleError, plans, sync_declared, tick_key
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
@@ -72,7 +73,12 @@ def fire_steps(app: Tidegate, tasks: Sequence[str]) -> Steps[int]:
             )
             plan = Plan([], plan.missed + len(plan.ticks), plan.next_tick)
         try:
-            rows += [app.resolve(_new_run(schedule, tick)) for tick in plan.ticks]
+            resolved = [app.resolve(_new_run(schedule, tick)) for tick in plan.ticks]
+            # A schedule that names no lane takes its task's: one declared in the fast
+            # lane would bypass its admission.
+            if any(row["lane"] == FAST_LANE for row in resolved):
+                raise ScheduleError(NO_FAST_LANE)
+            rows += resolved
         except Exception as error:  # the task's key function, or a value it refused
             log.error(
                 "schedule %r of project %r: its tick at %s made no run: %s",
