@@ -510,3 +510,41 @@ async def test_a_run_nested_as_deep_as_allowed_is_claimed_and_completed(
         assert done.status_code == 200, done.text
     assert state_of(sql, run.id) == ("succeeded", 1)
     deep.close()
+
+
+async def test_a_remote_worker_logs_its_own_lines_not_each_http_call(
+    app: Tidegate, api: ApiServer, client: httpx.AsyncClient, sql: psycopg.Connection, tmp_path: Any
+) -> None:
+    """httpx logs every request at INFO: a remote worker's long polls and heartbeats
+    would be a line each, idle or not (494 lines for 171 runs)."""
+    token = await worker_token(client, "python", ["*"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        TIDEGATE_SCHEMA=app.settings.schema,
+        TIDEGATE_SERVER_URL=api.url,
+        TIDEGATE_WORKER_TOKEN=token["Authorization"].removeprefix("Bearer "),
+        TIDEGATE_HEARTBEAT_SECONDS="0.5",
+    )
+    command = ["-m", "tidegate", "worker", "--app", "tests.apps:app", "--workloops", "manual>*:2"]
+    worker = subprocess.Popen(
+        [sys.executable, *command], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        await wait_until(
+            lambda: (
+                sql.execute("SELECT count(*) FROM workers WHERE token = 'python'").fetchone()
+                == (1,)
+            )
+        )
+        for n in range(10):
+            await app.aenqueue("echo", {"n": n})
+        await wait_until(lambda: state_counts(sql) == {"succeeded": 10}, timeout=30, interval=0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    lines = stderr.splitlines()
+    assert [line for line in lines if "HTTP Request" in line] == []
+    assert any("INFO tidegate.worker: worker remote:python:" in line for line in lines), stderr
+    assert any("stopped" in line for line in lines), stderr
