@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from tests.conftest import ROOT, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, Tidegate
 from tidegate.ingress.signatures import verify
+from tidegate.limits import MAX_SLOTS
 
 
 @pytest.fixture
@@ -548,3 +550,32 @@ async def test_a_remote_worker_logs_its_own_lines_not_each_http_call(
     assert [line for line in lines if "HTTP Request" in line] == []
     assert any("INFO tidegate.worker: worker remote:python:" in line for line in lines), stderr
     assert any("stopped" in line for line in lines), stderr
+
+
+async def test_a_workloop_past_the_slot_bound_is_refused_and_cannot_be_stored(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """A worker that registered ``*:99999999999999999999`` made every sync webhook for
+    its tasks, and ``/metrics``, answer 422 (an integer overflow in admission) for as long
+    as it heartbeated."""
+    token = await worker_token(client, "fleet", ["*"])
+    for workloops in ("*:99999999999999999999", f"*:{MAX_SLOTS + 1}", "fast_lane:1 *:" + "9" * 30):
+        refused = await client.post(
+            "/workers", json={"workloops": workloops, "tasks": ["echo"]}, headers=token
+        )
+        assert "slots must be a whole number from 1 to" in assert_problem(refused, 422)["title"]
+    await RemoteWorker.register(client, token, f"fast_lane:{MAX_SLOTS} *:{MAX_SLOTS}", ["echo"])
+    await create_project(client, "acme")
+    trigger = await create_trigger(
+        client, "acme", "quote", mode="sync", task="echo", sync_timeout_seconds=0.5
+    )
+    answer = await client.post(trigger["url"], json={})
+    assert answer.status_code == 202, answer.text  # admitted; nothing runs it
+    assert (await client.get("/metrics", headers=ADMIN)).status_code == 200
+    # The table holds the same bound, whoever writes a worker's row.
+    row = "INSERT INTO workers (id, host, pid, workloops) VALUES (%s, 'h', 1, %s)"
+    for slots in (MAX_SLOTS + 1, 0, 2.5, "4", 99999999999999999999):
+        loops = json.dumps([{"chain": ["*"], "slots": slots, "busy": 0}])
+        with pytest.raises(psycopg.errors.CheckViolation):
+            sql.execute(row, [f"w{slots}", loops])
+    sql.execute(row, ["w", json.dumps([{"chain": ["*"], "slots": MAX_SLOTS, "busy": 0}])])

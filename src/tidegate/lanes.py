@@ -12,14 +12,18 @@ slots that prefer ``manual`` and take anything. Groups never lend slots to each 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tidegate.errors import ConfigError
-from tidegate.limits import LANE_NAME
+from tidegate.limits import LANE_NAME, MAX_SLOTS
 
 WILDCARD = "*"
 DEFAULT_CHAIN: tuple[str, ...] = ("manual", WILDCARD)
 FAST_LANE = "fast_lane"
+_SLOTS = re.compile(r"[0-9]{1,5}")
+"""Up to five ASCII digits: ``MAX_SLOTS`` has five (``str.isdigit`` takes ``²``, which
+``int`` refuses, and ``int`` refuses more than 4,300 digits)."""
 BUILTIN_LANES = frozenset({FAST_LANE, "manual", "default"})
 """Lanes tidegate itself puts runs in: sync webhooks, manual retries, everything else."""
 
@@ -90,8 +94,10 @@ def parse_workloops(spec: str) -> tuple[WorkloopSpec, ...]:
         chain_text, colon, slots_text = group.rpartition(":")
         if not colon:
             raise ConfigError(f"workloop {group!r} needs a slot count, e.g. '{group}:4'")
-        if not slots_text.isdigit() or int(slots_text) < 1:
-            raise ConfigError(f"workloop {group!r}: slots must be a whole number >= 1")
+        if not (_SLOTS.fullmatch(slots_text) and 1 <= int(slots_text) <= MAX_SLOTS):
+            raise ConfigError(
+                f"workloop {group!r}: slots must be a whole number from 1 to {MAX_SLOTS}"
+            )
         try:
             chain = parse_chain(chain_text)
         except ConfigError as error:
