@@ -579,3 +579,33 @@ async def test_a_workloop_past_the_slot_bound_is_refused_and_cannot_be_stored(
         with pytest.raises(psycopg.errors.CheckViolation):
             sql.execute(row, [f"w{slots}", loops])
     sql.execute(row, ["w", json.dumps([{"chain": ["*"], "slots": MAX_SLOTS, "busy": 0}])])
+
+
+async def test_a_batch_of_outcomes_moves_max_attempts_only_as_giving_an_attempt_back_does(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """A worker raises a run's max_attempts by one to give an attempt back (``Retry``,
+    ``DownstreamFailing``) and never otherwise; a batch that says 32,767 is held to it."""
+    token = await worker_token(client, "fleet", ["*"])
+    worker = await RemoteWorker.register(client, token, "manual>*:3", ["echo"])
+    runs = [await app.aenqueue("echo", {"n": n}, max_attempts=3) for n in range(3)]
+    claimed = {run["id"]: run for run in await worker.claim(3)}
+    assert claimed.keys() == {run.id for run in runs}
+
+    def row(run_id: int, state: str, max_attempts: int) -> dict[str, Any]:
+        return {"id": run_id, "attempt": 1, "state": state, "max_attempts": max_attempts}
+
+    batch = [
+        row(runs[0].id, "scheduled", 32767),  # given back: at most one more
+        row(runs[1].id, "scheduled", 1),  # never fewer
+        row(runs[2].id, "succeeded", 99),  # finished: unchanged
+    ]
+    answer = await worker.post("/complete", {"outcomes": batch, "events": []})
+    assert answer.status_code == 200, answer.text
+    assert sorted(answer.json()["recorded"]) == sorted(claimed)
+    rows = dict(
+        sql.execute(
+            "SELECT id, max_attempts FROM runs WHERE id = ANY(%s)", [[r.id for r in runs]]
+        ).fetchall()
+    )
+    assert rows == {runs[0].id: 4, runs[1].id: 3, runs[2].id: 3}
