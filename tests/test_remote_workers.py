@@ -609,3 +609,42 @@ async def test_a_batch_of_outcomes_moves_max_attempts_only_as_giving_an_attempt_
         ).fetchall()
     )
     assert rows == {runs[0].id: 4, runs[1].id: 3, runs[2].id: 3}
+
+
+async def test_concurrent_claims_on_two_api_processes_never_exceed_a_workloops_slots(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """Each claim counts the runs its workloop holds, then claims the rest of its slots:
+    two at once, on two API processes, both counted none held (50 concurrent claims on a
+    one-slot workloop held 2 to 34 runs)."""
+    servers = [start_api(), start_api()]
+    await app.aenqueue_many([NewRun("echo", {"n": n}) for n in range(400)])
+    clients = [httpx.AsyncClient(base_url=server.url, timeout=30) for server in servers]
+    try:
+        token = await worker_token(clients[0], "fleet", ["default"])
+        workers = [
+            await RemoteWorker.register(clients[0], token, "default:1", ["echo"]) for _ in range(20)
+        ]
+
+        async def claim(worker: RemoteWorker, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+            body = {"workloop": 0, "demand": 5, "wait_seconds": 0}
+            answer = await client.post(f"/workers/{worker.id}/claim", json=body, headers=token)
+            assert answer.status_code in (200, 429), answer.text
+            runs: list[dict[str, Any]] = answer.json()["runs"] if answer.status_code == 200 else []
+            return runs
+
+        for _ in range(5):
+            answers = await asyncio.gather(
+                *(claim(worker, client) for worker in workers for client in clients)
+            )
+            held = sql.execute(
+                "SELECT max(n) FROM (SELECT count(*) AS n FROM runs WHERE state = 'running'"
+                " GROUP BY worker_id) AS held"
+            ).fetchone()
+            assert held is not None and held[0] == 1, f"a one-slot workloop held {held[0]} runs"
+            for worker, first, second in zip(workers, answers[0::2], answers[1::2], strict=True):
+                for run in [*first, *second]:
+                    assert (await worker.succeed(run)).status_code == 200
+    finally:
+        for client in clients:
+            await client.aclose()

@@ -166,6 +166,11 @@ class Ingress:
         async with self.pool.connection() as conn:
             return await adrive(conn, steps)
 
+    async def transact(self, steps: Steps[T]) -> T:
+        """Run ``steps`` in one transaction (``run`` commits each statement)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            return await adrive(conn, steps)
+
     async def start(self) -> None:
         await self.pool.open(wait=False)
         self.completions.start()

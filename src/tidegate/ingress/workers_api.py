@@ -320,11 +320,9 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     async with ingress.completions.claiming(chain) as ready:
         while True:
             ready.clear()
-            held = await ingress.run(_count_held(worker_id, body.workloop))
-            demand = min(body.demand, loop["slots"] - held)
-            if demand <= 0:
+            free, claimed = await ingress.transact(_claim(params, loop["slots"], body.demand))
+            if free <= 0:
                 return JSONAnswer({"runs": []})
-            claimed = await ingress.run(_claim({**params, "demand": demand}))
             if claimed or clock() >= deadline or await request.is_disconnected():
                 return JSONAnswer({"runs": [run.to_json() for run in claimed]})
             try:
@@ -593,14 +591,18 @@ def _find(worker_id: str, token: str) -> Steps[list[Any]]:
     return (yield Statement("find_remote_worker", {"worker_id": worker_id, "token": token}))
 
 
-def _count_held(worker_id: str, workloop: int) -> Steps[int]:
-    rows = yield Statement("count_held_runs", {"worker_id": worker_id, "workloop": workloop})
-    return int(rows[0][0])
-
-
-def _claim(params: dict[str, Any]) -> Steps[list[Run]]:
-    runs = yield Statement("claim_runs", params, run_row)
-    return [run for run in runs if run.state is RunState.RUNNING]
+def _claim(params: dict[str, Any], slots: int, demand: int) -> Steps[tuple[int, list[Run]]]:
+    """Claim up to ``demand`` runs for the workloop's free slots; return how many were
+    free and the runs. In one transaction: the lock serializes the workloop's claims on
+    every API process (lock_workloop.sql), so its slots are never exceeded."""
+    workloop = {"worker_id": params["worker_id"], "workloop": params["workloop"]}
+    yield Statement("lock_workloop", workloop)
+    rows = yield Statement("count_held_runs", workloop)
+    free = slots - int(rows[0][0])
+    if free <= 0:
+        return free, []
+    runs = yield Statement("claim_runs", {**params, "demand": min(demand, free)}, run_row)
+    return free, [run for run in runs if run.state is RunState.RUNNING]
 
 
 def _renewed(params: dict[str, Any]) -> Steps[list[int]]:
