@@ -28,6 +28,7 @@ from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project
 from tidegate import NewRun, Tidegate
 from tidegate.ingress.signatures import verify
 from tidegate.limits import MAX_SLOTS
+from tidegate.worker.counters import DURATION_BUCKETS
 
 
 @pytest.fixture
@@ -648,3 +649,52 @@ async def test_concurrent_claims_on_two_api_processes_never_exceed_a_workloops_s
     finally:
         for client in clients:
             await client.aclose()
+
+
+def counted(task: str, lane: str = "default", attempts: int = 1, **fields: Any) -> dict[str, Any]:
+    """A heartbeat's counter row: ``attempts`` that succeeded, each within 5 ms."""
+    buckets = [attempts] + [0] * len(DURATION_BUCKETS)
+    row = {"task": task, "lane": lane, "outcome": "succeeded", "attempts": attempts}
+    return {**row, "seconds": 0.001 * attempts, "buckets": buckets, **fields}
+
+
+async def test_a_heartbeats_counters_outside_the_workers_tasks_lanes_or_bounds_are_refused(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    token = await worker_token(client, "fleet", ["default", "manual"])
+    worker = await RemoteWorker.register(client, token, "default:2", ["echo"])
+    for row, why in (
+        (counted("made_up"), "task 'made_up' is not one this worker registered"),
+        (counted("echo", lane="manual"), "lane 'manual' is not one this worker's workloops"),
+        (counted("echo", attempts=2**31), "less than or equal to 1000000"),
+        (counted("echo", buckets=[5] + [0] * len(DURATION_BUCKETS)), "holds 5 attempts, more"),
+    ):
+        refused = await worker.post("/heartbeat", {"run_ids": [], "counters": [row]})
+        assert why in refused.text, refused.text
+        assert_problem(refused, 422)
+    assert sql.execute("SELECT count(*) FROM worker_counters").fetchone() == (0,)
+    beat = await worker.post("/heartbeat", {"run_ids": [], "counters": [counted("echo")]})
+    assert beat.status_code == 200, beat.text
+    assert sql.execute("SELECT task, lane, attempts FROM worker_counters").fetchall() == [
+        ("echo", "default", 1)
+    ]
+
+
+async def test_one_workers_counters_cannot_push_the_others_out_of_the_metrics(
+    client: httpx.AsyncClient,
+) -> None:
+    """``/metrics`` reports at most 1,000 series of attempts; a worker with 1,000 series
+    of names that sort first took every place (in name order) from everyone else's."""
+    token = await worker_token(client, "fleet", ["*"])
+    names = [f"aaa{n:04d}" for n in range(1000)]
+    crowd = await RemoteWorker.register(client, token, "*:1", names)
+    beat = await crowd.post(
+        "/heartbeat", {"run_ids": [], "counters": [counted(name, attempts=5) for name in names]}
+    )
+    assert beat.status_code == 200, beat.text
+    worker = await RemoteWorker.register(client, token, "*:1", ["echo"])
+    beat = await worker.post("/heartbeat", {"run_ids": [], "counters": [counted("echo")]})
+    assert beat.status_code == 200, beat.text
+    scraped = (await client.get("/metrics", headers=ADMIN)).text
+    assert 'tidegate_attempts_total{lane="default",outcome="succeeded",task="echo"} 1.0' in scraped
+    assert scraped.count("tidegate_attempts_total{") == 1000

@@ -34,16 +34,15 @@ from typing import Annotated, Any, Literal
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
 from tidegate.ingress.auth import BEARER, WorkerCaller
 from tidegate.ingress.events import get_run
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
-from tidegate.lanes import parse_workloops
+from tidegate.lanes import chain_admits, parse_workloops
 from tidegate.limits import (
-    MAX_COUNT,
     MAX_DELAY_SECONDS,
     MAX_TEXT_CHARS,
     LaneName,
@@ -61,7 +60,7 @@ from tidegate.remote import (
 )
 from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
-from tidegate.worker.counters import DURATION_BUCKETS
+from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
 from tidegate.worker.execute import reported_outcome
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
 
@@ -126,7 +125,11 @@ class Claim(BaseModel):
 
 class Counted(BaseModel):
     """Attempts a worker finished since its last beat, by task, lane and outcome (the
-    metrics' ``tidegate_attempts`` and durations; worker/counters.py)."""
+    metrics' ``tidegate_attempts`` and durations; worker/counters.py).
+
+    At most ``MAX_BEAT_ATTEMPTS`` per beat, and no more in the histogram than there were
+    attempts; the route checks that the task is one the worker registered, and the lane
+    one its workloops take."""
 
     model_config = ConfigDict(extra="forbid")
     task: Text
@@ -141,14 +144,23 @@ class Counted(BaseModel):
         "late",
         "rescued",
     ]
-    attempts: int = Field(ge=0, le=MAX_COUNT)
+    attempts: int = Field(ge=0, le=MAX_BEAT_ATTEMPTS)
     seconds: float = Field(ge=0, le=1e12, allow_inf_nan=False)
-    buckets: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(
+    buckets: list[Annotated[int, Field(ge=0, le=MAX_BEAT_ATTEMPTS)]] = Field(
         min_length=len(DURATION_BUCKETS) + 1,
         max_length=len(DURATION_BUCKETS) + 1,
         description="How many of the attempts took up to each bound of the histogram "
         f"(seconds: {', '.join(map(str, DURATION_BUCKETS))}), then longer.",
     )
+
+    @model_validator(mode="after")
+    def no_more_timed_than_counted(self) -> Counted:
+        if sum(self.buckets) > self.attempts:
+            raise ValueError(
+                f"counters: the histogram of {self.task!r} in {self.lane!r} ({self.outcome}) "
+                f"holds {sum(self.buckets)} attempts, more than the {self.attempts} counted"
+            )
+        return self
 
 
 class Heartbeat(BaseModel):
@@ -339,6 +351,9 @@ async def heartbeat(
     those it no longer holds (cancelled meanwhile, or rescued after a lapse)."""
     ingress: Ingress = request.app.state.ingress
     workloops, tasks = await _own(ingress, fleet, worker_id)
+    refusal = _foreign_counter(body.counters, workloops, tasks)
+    if refusal is not None:
+        raise HTTPException(422, refusal)
     beat = _beat(ingress, worker_id, workloops, tasks, fleet, body.run_ids)
     beat["counters"] = json.dumps([counted.model_dump() for counted in body.counters])
     renewed = set(await ingress.run(_renewed(beat)))
@@ -516,6 +531,22 @@ async def _held(ingress: Ingress, worker_id: str, run_id: int, attempt: int) -> 
     ):
         raise HTTPException(409, f"run {run_id}: attempt {attempt} is not this worker's")
     return run
+
+
+def _foreign_counter(counters: list[Counted], workloops: list[Any], tasks: list[str]) -> str | None:
+    """Why a heartbeat's counters are refused: a task the worker did not register, or a
+    lane none of its workloops takes (so none within its token's lanes); else None.
+
+    A worker counts only attempts of runs it could claim. Unchecked, one worker's names
+    (1,000 that sort first) pushed every other series out of ``/metrics`` for good."""
+    registered = set(tasks)
+    chains = [tuple(loop["chain"]) for loop in workloops]
+    for row in counters:
+        if row.task not in registered:
+            return f"counters: task {row.task!r} is not one this worker registered"
+        if not any(chain_admits(chain, row.lane) for chain in chains):
+            return f"counters: lane {row.lane!r} is not one this worker's workloops take"
+    return None
 
 
 def _beat(
