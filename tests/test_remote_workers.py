@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import pytest
 from tests.conftest import ROOT, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, Tidegate
+from tidegate.ingress.claims import Claims, Queue, Turn
 from tidegate.ingress.signatures import verify
 from tidegate.limits import MAX_SLOTS
 from tidegate.worker.counters import DURATION_BUCKETS
@@ -698,3 +700,213 @@ async def test_one_workers_counters_cannot_push_the_others_out_of_the_metrics(
     scraped = (await client.get("/metrics", headers=ADMIN)).text
     assert 'tidegate_attempts_total{lane="default",outcome="succeeded",task="echo"} 1.0' in scraped
     assert scraped.count("tidegate_attempts_total{") == 1000
+
+
+async def test_claims_past_a_workloops_or_a_tokens_bound_are_answered_429(
+    start_api: Callable[..., ApiServer],
+) -> None:
+    """One claim at a time per workloop, ``max_claims_per_token`` per token, on an API
+    process; a claim whose client went frees its place at once."""
+    api = start_api(max_claims_per_token=3)
+    async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
+        token = await worker_token(client, "fleet", ["*"])
+        workers = [
+            await RemoteWorker.register(client, token, "manual>*:1", ["echo"]) for _ in range(4)
+        ]
+        waits = {"workloop": 0, "demand": 1, "wait_seconds": 30}
+        now = {**waits, "wait_seconds": 0}
+        claims = [asyncio.create_task(worker.post("/claim", waits)) for worker in workers]
+        done, waiting = await asyncio.wait(claims, return_when=asyncio.FIRST_COMPLETED)
+        (refused,) = done  # three wait (no run comes), the fourth is over the token's bound
+        assert "at most 3" in assert_problem(refused.result(), 429)["title"]
+        assert 1 <= int(refused.result().headers["retry-after"]) <= 30
+        idle = workers[claims.index(refused)]
+        assert_problem(await idle.post("/claim", now), 429)
+        # A workloop with a claim waiting: a second claim of it is refused.
+        busy = workers[claims.index(next(iter(waiting)))]
+        again = await busy.post("/claim", now)
+        assert "has a claim waiting" in assert_problem(again, 429)["title"]
+        assert 1 <= int(again.headers["retry-after"]) <= 30
+        # A claim whose client goes away leaves its place at once, not at its deadline.
+        gone = waiting.pop()
+        gone.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while (answer := await idle.post("/claim", now)).status_code == 429:
+            assert loop.time() < deadline, "the place of a claim whose client went stayed taken"
+            await asyncio.sleep(0.05)
+        assert answer.status_code == 200 and answer.json() == {"runs": []}
+        for claim in waiting:
+            claim.cancel()
+
+
+async def test_a_new_run_wakes_one_waiting_claim_of_a_kind_not_every_one(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection, schema: str
+) -> None:
+    """A NOTIFY of a lane woke every waiting claim, each a transaction of statements: 500
+    waiting claims took the database from 93 to 1,330 transactions a second. Now it wakes
+    the first claim of each kind (chain and tasks); one that takes all it asked for wakes
+    the next, so a batch of runs in one NOTIFY is taken at once all the same."""
+    api = start_api()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=api.url, timeout=60, limits=limits) as client:
+        token = await worker_token(client, "fleet", ["default"])
+        workers = [
+            await RemoteWorker.register(client, token, "default:1", ["echo"]) for _ in range(150)
+        ]
+        claims, looks = await all_waiting(workers)
+
+        async def claimed(count: int) -> None:
+            await wait_until(
+                lambda: (
+                    sql.execute("SELECT count(*) FROM runs WHERE state = 'running'").fetchone()
+                    == (count,)
+                ),
+                timeout=10,  # the claims wait 60 s: this is a wake, not a deadline
+            )
+
+        for n in range(10):  # a NOTIFY each
+            await app.aenqueue("echo", {"n": n})
+            await claimed(n + 1)
+        await app.aenqueue_many([NewRun("echo", {"n": n}) for n in range(20)])  # one NOTIFY
+        await claimed(30)
+        answered = [claim for claim in claims if claim.done()]
+        assert len(answered) == 30
+        assert all(len(claim.result().json()["runs"]) == 1 for claim in answered)
+        for claim in claims:
+            claim.cancel()
+    assert api.stop() == 0  # its connections' backends report their statistics as they exit
+    # Every look runs claim_runs, which reads key_breakers once: count the reads.
+    read = "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables"
+    read += " WHERE schemaname = %s AND relname = 'key_breakers'"
+    counts = [-1]
+    while True:
+        counts.append(sql.execute(read, [schema]).fetchone()[0])  # type: ignore[index]
+        if counts[-1] == counts[-2]:
+            break
+        await asyncio.sleep(0.5)  # until the exiting backends' figures are all in
+    # 150 first looks, the probes that looked, then per run about one look to take it and
+    # one after (it took all it asked for: the next of its kind looks).
+    assert counts[-1] <= 150 + looks + 3 * 30, counts[-1]
+
+
+async def all_waiting(
+    workers: list[RemoteWorker],
+) -> tuple[list[asyncio.Task[httpx.Response]], int]:
+    """Start a long claim of each worker's workloop 0 and return once every one waits
+    (a claim of it with no wait is then answered 429), with the number of such probes that
+    looked (they took the place first: their long claim was refused, and sent again)."""
+    waits = {"workloop": 0, "demand": 1, "wait_seconds": 60}
+    claims = [asyncio.create_task(worker.post("/claim", waits)) for worker in workers]
+    looks = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    pending = set(range(len(workers)))
+    while pending:
+        assert loop.time() < deadline, f"{len(pending)} claims never waited"
+        for i in sorted(pending):
+            if claims[i].done():  # refused: a probe had the place
+                assert claims[i].result().status_code == 429, claims[i].result().text
+                claims[i] = asyncio.create_task(workers[i].post("/claim", waits))
+                continue
+            probe = await workers[i].post("/claim", {**waits, "wait_seconds": 0})
+            if probe.status_code == 429:
+                pending.discard(i)
+            else:
+                looks += 1
+        await asyncio.sleep(0.05)
+    return claims, looks
+
+
+async def test_no_run_waits_while_a_claim_that_could_take_it_sleeps(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """Runs of two kinds' tasks arrive in batches of every size, while claims of both
+    kinds sleep, look and come back: each is taken on a wake, never left for a claim's
+    deadline (60 s) or a worker's next poll."""
+    api = start_api()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=api.url, timeout=90, limits=limits) as client:
+        token = await worker_token(client, "fleet", ["*"])
+        kinds = {"echo": "manual>*:2", "noop": "default:1"}
+        workers = [
+            await RemoteWorker.register(client, token, workloops, [task])
+            for task, workloops in kinds.items()
+            for _ in range(10)
+        ]
+        done: list[int] = []
+
+        async def work(worker: RemoteWorker) -> None:
+            while True:
+                answer = await worker.post(
+                    "/claim", {"workloop": 0, "demand": 2, "wait_seconds": 60}
+                )
+                assert answer.status_code == 200, answer.text
+                for run in answer.json()["runs"]:
+                    assert (await worker.succeed(run)).status_code == 200
+                    done.append(run["id"])
+
+        working = [asyncio.create_task(work(worker)) for worker in workers]
+        try:
+            rng = random.Random(7)
+            ids: list[int] = []
+            while len(ids) < 200:
+                batch = [
+                    NewRun(rng.choice(list(kinds)), {}) for _ in range(rng.choice([1, 1, 2, 5, 17]))
+                ]
+                ids += [run.id for run in await app.aenqueue_many(batch)]
+                await asyncio.sleep(rng.random() * 0.02)
+            await wait_until(lambda: len(done) >= len(ids), timeout=30)
+        finally:
+            for task in working:
+                task.cancel()
+    assert sorted(done) == sorted(ids)
+
+
+KIND = (("default",), ("echo",))
+
+
+async def test_a_wake_while_every_claim_of_its_kind_looks_makes_one_look_again() -> None:
+    """A run whose NOTIFY comes while the claims that could take it are all looking (their
+    reads may predate it) is not left until a deadline: one of them looks again."""
+    queue = Queue(KIND[0])
+    turn = Turn(queue, "fleet", deadline=0.0)
+    turn.look()
+    queue.wake()  # the NOTIFY: no claim of the kind asleep
+    turn.looked(all_taken=False)  # came back empty
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    await asyncio.wait_for(turn.sleep(30, never), 5)  # back at once, to look again
+    turn.look()
+    turn.looked(all_taken=False)
+    with pytest.raises(TimeoutError):  # nothing new: it sleeps
+        await asyncio.wait_for(turn.sleep(30, never), 0.2)
+
+
+async def test_a_claim_woken_that_leaves_without_looking_wakes_the_next() -> None:
+    """A claim woken for a new run that goes (its deadline, its client) before it looks
+    hands the wake to the next claim of its kind."""
+    loop = asyncio.get_running_loop()
+    claims = Claims(lambda: loop.create_future(), "available", max_per_token=10)
+    claims.listener.task = loop.create_future()  # as if listening already
+    claims.listener.listening.set()
+    never: asyncio.Future[None] = loop.create_future()
+    woken: list[str] = []
+
+    async def claim(worker: str, looks: bool) -> None:
+        async with claims.claiming("fleet", (worker, 0), KIND, loop.time() + 30) as turn:
+            await turn.sleep(30, never)
+            woken.append(worker)
+            if looks:  # and finds nothing
+                turn.look()
+                turn.looked(all_taken=False)
+
+    waiting = [
+        asyncio.create_task(claim(worker, looks))
+        for worker, looks in (("w1", False), ("w2", True), ("w3", True))
+    ]
+    await wait_until(lambda: KIND in claims.queues and len(claims.queues[KIND].asleep) == 3)
+    claims._ready("available", "default")
+    await asyncio.wait_for(asyncio.gather(*waiting[:2]), 5)
+    assert woken == ["w1", "w2"]  # the first, gone unlooked, then the next in its place
+    assert not waiting[2].done()
+    waiting[2].cancel()

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tidegate.app import Tidegate
+from tidegate.ingress.claims import Claims
 from tidegate.ingress.completions import Completions
 from tidegate.ingress.ledger import Ledger
 from tidegate.settings import Settings
@@ -139,7 +140,8 @@ def problem(
 
 
 class Ingress:
-    """What one API process holds: settings, a pool, the completion listener."""
+    """What one API process holds: settings, a pool, the completion listener, the remote
+    workers' waiting claims."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -154,8 +156,11 @@ class Ingress:
             open=False,
             name="tidegate-ingress",
         )
-        self.completions = Completions(
-            self.app.database.aconnect, self.app.completed_channel, self.app.available_channel
+        self.completions = Completions(self.app.database.aconnect, self.app.completed_channel)
+        self.claims = Claims(
+            self.app.database.aconnect,
+            self.app.available_channel,
+            settings.max_claims_per_token,
         )
         self.ledger = Ledger(self.pool, settings)
         self.triggers: dict[str, tuple[float, Trigger]] = {}
@@ -181,6 +186,7 @@ class Ingress:
 
     async def stop(self) -> None:
         await self.completions.stop()
+        await self.claims.stop()
         await self.ledger.stop()
         await self.pool.close()
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
 from tidegate.ingress.auth import BEARER, WorkerCaller
+from tidegate.ingress.claims import Busy
 from tidegate.ingress.events import get_run
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.lanes import chain_admits, parse_workloops
@@ -84,6 +85,9 @@ MAX_JSON_TEXT = 16 * 1024 * 1024
 """The longest result or error, as JSON text, in a batch of outcomes."""
 MAX_DEMAND = 1000
 NOT_YOURS = problem_responses(**{"404": "no such worker of this token (or no such run)"})
+BUSY = problem_responses(
+    **{"429": "a claim of this workloop is waiting, or the token's claims are at their bound"}
+)
 NOT_HELD = problem_responses(
     **{"409": "the worker does not hold this attempt (cancelled, rescued, or finished)"}
 )
@@ -300,11 +304,13 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
     }
 
 
-@router.post("/{worker_id}/claim", responses=NOT_YOURS)
+@router.post("/{worker_id}/claim", responses={**NOT_YOURS, **BUSY})
 async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet) -> JSONAnswer:
     """Claim runs for one workloop along its chain: answered as soon as any are claimed,
     or with none after ``wait_seconds`` (a long poll). ``runs``: each as ``GET
-    /runs/{id}`` shows it.
+    /runs/{id}`` shows it. One claim at a time per workloop, and
+    ``max_claims_per_token`` per worker token, on each API process (429 past them;
+    ingress/claims.py says how a waiting claim is woken).
 
     A ``JSONAnswer``, as the runs API's: a run may nest deeper than FastAPI's serializer
     goes (``max_json_depth`` up to 512: a 500 before), and it is cheaper (the API's CPU
@@ -329,18 +335,25 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     }
     clock = asyncio.get_running_loop().time
     deadline = clock() + body.wait_seconds
-    async with ingress.completions.claiming(chain) as ready:
-        while True:
-            ready.clear()
-            free, claimed = await ingress.transact(_claim(params, loop["slots"], body.demand))
-            if free <= 0:
-                return JSONAnswer({"runs": []})
-            if claimed or clock() >= deadline or await request.is_disconnected():
-                return JSONAnswer({"runs": [run.to_json() for run in claimed]})
-            try:
-                await asyncio.wait_for(ready.wait(), deadline - clock())
-            except TimeoutError:
-                return JSONAnswer({"runs": []})
+    place = (worker_id, body.workloop)
+    gone = asyncio.ensure_future(_gone(request))
+    try:
+        async with ingress.claims.claiming(
+            fleet.token, place, (chain, tuple(tasks)), deadline
+        ) as turn:
+            while True:
+                turn.look()
+                free, claimed = await ingress.transact(_claim(params, loop["slots"], body.demand))
+                turn.looked(all_taken=free <= 0 or len(claimed) == min(body.demand, free))
+                if free <= 0 or claimed or clock() >= deadline:
+                    return JSONAnswer({"runs": [run.to_json() for run in claimed]})
+                await turn.sleep(deadline - clock(), gone)
+                if gone.done() or clock() >= deadline:
+                    return JSONAnswer({"runs": []})
+    except Busy as busy:
+        raise HTTPException(429, busy.title, {"Retry-After": str(busy.retry_after)}) from None
+    finally:
+        gone.cancel()
 
 
 @router.post("/{worker_id}/heartbeat", responses=NOT_YOURS)
@@ -508,6 +521,13 @@ async def _admin(call: Awaitable[Any]) -> Any:
 
 
 # -- steps ------------------------------------------------------------------------------
+
+
+async def _gone(request: Request) -> None:
+    """Return once the client has gone. Its body has been read: nothing else comes in
+    but the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _own(
