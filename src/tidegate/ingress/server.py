@@ -32,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from tidegate.app import Tidegate
 from tidegate.ingress.claims import Claims
 from tidegate.ingress.completions import Completions
+from tidegate.ingress.events import Streams
 from tidegate.ingress.ledger import Ledger
 from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
@@ -141,7 +142,7 @@ def problem(
 
 class Ingress:
     """What one API process holds: settings, a pool, the completion listener, the remote
-    workers' waiting claims."""
+    workers' waiting claims, the event streams' places."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -162,6 +163,7 @@ class Ingress:
             self.app.available_channel,
             settings.max_claims_per_token,
         )
+        self.streams = Streams(settings.max_streams, settings.max_streams_per_caller)
         self.ledger = Ledger(self.pool, settings)
         self.triggers: dict[str, tuple[float, Trigger]] = {}
         """Triggers looked up lately, by token, with when each stops being used
