@@ -168,7 +168,8 @@ class EventStream(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.Event()
-        listening = asyncio.create_task(_listen(receive, gone))
+        listening = asyncio.create_task(disconnected(receive))
+        listening.add_done_callback(lambda _: gone.set())
         body = self.events(gone)
         try:
             start = {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
@@ -183,12 +184,11 @@ class EventStream(Response):
             self.give_back()
 
 
-async def _listen(receive: Receive, gone: asyncio.Event) -> None:
-    """Set ``gone`` once the client has gone (its request is all read: nothing else
-    comes in)."""
+async def disconnected(receive: Receive) -> None:
+    """Return once the client has gone. For an answer that lasts (a stream, a long poll)
+    once its request has been read: nothing else comes in but the disconnect."""
     while (await receive())["type"] != "http.disconnect":
         pass
-    gone.set()
 
 
 async def run_events(

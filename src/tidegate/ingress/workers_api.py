@@ -40,7 +40,7 @@ from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
 from tidegate.ingress.auth import BEARER, WorkerCaller
 from tidegate.ingress.claims import Busy
-from tidegate.ingress.events import get_run
+from tidegate.ingress.events import disconnected, get_run
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.lanes import chain_admits, parse_workloops
 from tidegate.limits import (
@@ -336,7 +336,7 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     clock = asyncio.get_running_loop().time
     deadline = clock() + body.wait_seconds
     place = (worker_id, body.workloop)
-    gone = asyncio.ensure_future(_gone(request))
+    gone = asyncio.ensure_future(disconnected(request.receive))
     try:
         async with ingress.claims.claiming(
             fleet.token, place, (chain, tuple(tasks)), deadline
@@ -521,13 +521,6 @@ async def _admin(call: Awaitable[Any]) -> Any:
 
 
 # -- steps ------------------------------------------------------------------------------
-
-
-async def _gone(request: Request) -> None:
-    """Return once the client has gone. Its body has been read: nothing else comes in
-    but the disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _own(
