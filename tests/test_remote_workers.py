@@ -27,7 +27,7 @@ import pytest
 from tests.conftest import ROOT, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, Tidegate
-from tidegate.ingress.claims import Claims, Queue, Turn
+from tidegate.ingress.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
 from tidegate.ingress.signatures import verify
 from tidegate.limits import MAX_SLOTS
 from tidegate.worker.counters import DURATION_BUCKETS
@@ -737,6 +737,29 @@ async def test_claims_past_a_workloops_or_a_tokens_bound_are_answered_429(
             await asyncio.sleep(0.05)
         assert answer.status_code == 200 and answer.json() == {"runs": []}
         for claim in waiting:
+            claim.cancel()
+
+
+async def test_a_tokens_claims_of_more_kinds_than_its_bound_are_answered_429(
+    client: httpx.AsyncClient,
+) -> None:
+    """Every kind of waiting claim (chain and tasks) costs a look at each NOTIFY of its
+    lanes: a token's claims may be of ``MAX_KINDS_PER_TOKEN`` kinds on an API process."""
+    token = await worker_token(client, "fleet", ["*"])
+    workers = [
+        await RemoteWorker.register(client, token, "manual>*:1", [f"task{n}"])
+        for n in range(MAX_KINDS_PER_TOKEN + 1)
+    ]
+    claims, _ = await all_waiting(workers[:-1])
+    try:
+        body = {"workloop": 0, "demand": 1, "wait_seconds": 30}
+        refused = await workers[-1].post("/claim", body)
+        assert f"of {MAX_KINDS_PER_TOKEN} kinds" in assert_problem(refused, 429)["title"]
+        # Another claim of a kind already waiting is welcome.
+        same = await RemoteWorker.register(client, token, "manual>*:1", ["task0"])
+        assert (await same.claim(1)) == []
+    finally:
+        for claim in claims:
             claim.cancel()
 
 
