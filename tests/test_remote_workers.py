@@ -896,11 +896,11 @@ async def test_a_wake_while_every_claim_of_its_kind_looks_makes_one_look_again()
     turn = Turn(queue, "fleet", deadline=0.0)
     turn.look()
     queue.wake()  # the NOTIFY: no claim of the kind asleep
-    turn.looked(all_taken=False)  # came back empty
+    turn.looked(asked=1, got=0)  # came back empty
     never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     await asyncio.wait_for(turn.sleep(30, never), 5)  # back at once, to look again
     turn.look()
-    turn.looked(all_taken=False)
+    turn.looked(asked=1, got=0)
     with pytest.raises(TimeoutError):  # nothing new: it sleeps
         await asyncio.wait_for(turn.sleep(30, never), 0.2)
 
@@ -921,7 +921,7 @@ async def test_a_claim_woken_that_leaves_without_looking_wakes_the_next() -> Non
             woken.append(worker)
             if looks:  # and finds nothing
                 turn.look()
-                turn.looked(all_taken=False)
+                turn.looked(asked=1, got=0)
 
     waiting = [
         asyncio.create_task(claim(worker, looks))

@@ -102,12 +102,13 @@ class Turn:
         """Say a look begins: it reads every run whose NOTIFY came before now."""
         self.queue.missed = False
 
-    def looked(self, *, all_taken: bool) -> None:
-        """Say the look is done; ``all_taken``: it got all it asked for, or could ask for
-        none (its workloop was full), so runs it did not take may be waiting."""
-        self.owed = False
-        if all_taken:
+    def looked(self, *, asked: int, got: int) -> None:
+        """Say the look is done: it asked for ``asked`` runs (none: its workloop was full)
+        and got ``got``. One that got all it asked for wakes the next of its kind (runs may
+        be left); so does one woken that could ask for none (the wake was not used)."""
+        if (asked > 0 and got == asked) or (asked <= 0 and self.owed):
             self.queue.wake()
+        self.owed = False
 
     async def sleep(self, timeout: float, gone: asyncio.Future[None]) -> None:
         """Wait until woken, ``gone`` is done (the client left) or ``timeout`` passes;

@@ -344,7 +344,7 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
             while True:
                 turn.look()
                 free, claimed = await ingress.transact(_claim(params, loop["slots"], body.demand))
-                turn.looked(all_taken=free <= 0 or len(claimed) == min(body.demand, free))
+                turn.looked(asked=min(body.demand, free), got=len(claimed))
                 if free <= 0 or claimed or clock() >= deadline:
                     return JSONAnswer({"runs": [run.to_json() for run in claimed]})
                 await turn.sleep(deadline - clock(), gone)
