@@ -378,7 +378,7 @@ async def _answer(
         )
     if stream_after is not None:
         await ingress.run(_flushed())
-        after = stream_after
+        after = stream_after  # an int, for the closure
 
         def stream(gone: asyncio.Event) -> AsyncGenerator[bytes]:
             return events.run_events(
