@@ -291,6 +291,127 @@ async def test_a_slow_client_does_not_make_the_server_buffer_its_stream(
     assert received.count(b"event: progress") == steps
 
 
+async def test_slow_readers_hold_a_bounded_page_each_and_give_it_back_when_they_go(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """500 slow readers of a run's 150 events of 60 KiB took the API from 359 to 2,424 MB
+    (a page of 100 events each), and kept it once they had gone. A stream now holds a page
+    of at most 64 KiB (or one event), a caller at most ``max_streams_per_caller`` streams
+    and a process ``max_streams``, and what they held is given back."""
+    api = start_api(max_streams=150, max_streams_per_caller=100)
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+        acme = await create_project(client, "acme")
+        run = await app.aenqueue("report_progress", project="acme")
+        worker, token = await remote_worker(client)
+        claim = {"workloop": 0, "demand": 1}
+        (held,) = (await client.post(f"{worker}/claim", json=claim, headers=token)).json()["runs"]
+        event = {"run_id": run.id, "attempt": held["attempt"], "data": json.dumps("x" * 61_000)}
+        batch = {"outcomes": [], "events": [event] * 15}  # within the API's body limit
+        for _ in range(10):  # 150 events of 60 KiB
+            written = await client.post(f"{worker}/complete", json=batch, headers=token)
+            assert written.status_code == 200, written.text
+    assert sql.execute("SELECT count(*) FROM run_events").fetchone() == (150,)
+    before = api_memory_mb(api)
+    admin = [await slow_reader(api, run.id, ADMIN) for _ in range(100)]
+    project = {"Authorization": f"Bearer {acme['token']}"}
+    readers = admin + [await slow_reader(api, run.id, project) for _ in range(50)]
+    try:
+        # Every stream has begun, its first page read: none reads more until its reader does.
+        grown = api_memory_mb(api) - before
+        assert grown < 90, f"150 slow readers took {grown:.0f} MB"
+        async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+            path = f"/runs/{run.id}/events"
+            over = await client.get(path, headers=ADMIN)  # the admin's 101st
+            assert "100 event streams open" in assert_problem(over, 429)["title"]
+            assert over.headers["retry-after"] == "5"
+            full = await client.get(path, headers=project)  # the process's 151st
+            assert "150 event streams open" in assert_problem(full, 503)["title"]
+            assert full.headers["retry-after"] == "5"
+    finally:
+        for reader in readers:
+            reader.close()
+    # Gone, they give their places and their memory back.
+    await wait_until(lambda: api_memory_mb(api) < before + 15, timeout=20, interval=0.2)
+    async with (
+        httpx.AsyncClient(base_url=api.url, timeout=30) as client,
+        client.stream("GET", f"/runs/{run.id}/events", headers=ADMIN) as again,
+    ):
+        assert again.status_code == 200
+        assert len(await collect(again, 150)) == 150
+
+
+async def test_a_sync_caller_past_its_projects_streams_is_refused_before_a_run_is_made(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """A sync webhook's stream counts against its project's streams; past them, the caller
+    is answered 429 before the admission: no run is made (and a repeat of an admitted
+    request, which any sender can make, streams no more than a new one)."""
+    api = start_api(max_streams_per_caller=1)
+    async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
+        await create_project(client, "acme")
+        trigger = await create_trigger(client, "acme", "build", mode="sync", task="report_progress")
+        await remote_worker(client)  # a slot that takes the fast lane: admission counts it
+        first = {**EVENTS, "Idempotency-Key": "first"}
+        async with client.stream("POST", trigger["url"], json={}, headers=first) as streaming:
+            assert streaming.status_code == 200
+            for headers in ({**EVENTS, "Idempotency-Key": "second"}, first):
+                refused = await client.post(trigger["url"], json={}, headers=headers)
+                assert "1 event streams open" in assert_problem(refused, 429)["title"]
+                assert refused.headers["retry-after"] == "5"
+            assert sql.execute("SELECT count(*) FROM runs").fetchone() == (1,)
+        # Its stream gone, the project may stream again.
+        await wait_until_answered(client, trigger["url"], {**EVENTS, "Idempotency-Key": "first"})
+
+
+async def wait_until_answered(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> None:
+    """Send the webhook until its stream is no longer refused (the place of a stream that
+    ended is free once the server has seen its client go)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while True:
+        async with client.stream("POST", url, json={}, headers=headers) as response:
+            if response.status_code == 200:
+                return
+            assert response.status_code == 429
+        assert loop.time() < deadline, "the place of a stream whose client went stayed taken"
+        await asyncio.sleep(0.05)
+
+
+async def remote_worker(client: httpx.AsyncClient) -> tuple[str, dict[str, str]]:
+    """Register a remote worker of ``report_progress`` with a new worker token: its path
+    and its token's header."""
+    created = await client.post(
+        "/admin/worker-tokens", json={"name": "fleet", "lanes": ["*"]}, headers=ADMIN
+    )
+    assert created.status_code == 201, created.text
+    token = {"Authorization": f"Bearer {created.json()['token']}"}
+    body = {"workloops": "manual>*:1", "tasks": ["report_progress"]}
+    registered = await client.post("/workers", json=body, headers=token)
+    assert registered.status_code == 201, registered.text
+    return f"/workers/{registered.json()['worker_id']}", token
+
+
+async def slow_reader(api: ApiServer, run_id: int, token: dict[str, str]) -> socket.socket:
+    """A client that asks for the run's events, takes the head and the first event, and
+    reads no more (its receive buffer as small as the kernel allows)."""
+    host, port = api.url.removeprefix("http://").split(":")
+    reader = socket.socket()
+    reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    reader.settimeout(30)
+    await asyncio.to_thread(reader.connect, (host, int(port)))
+    reader.sendall(
+        f"GET /runs/{run_id}/events HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {token['Authorization']}\r\n\r\n".encode()
+    )
+    received = b""
+    while b"event: progress" not in received:
+        chunk = await asyncio.to_thread(reader.recv, 4096)
+        assert chunk, "the stream ended before its first event"
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 200"), received[:200]
+    return reader
+
+
 def api_memory_mb(api: ApiServer) -> float:
     """Resident memory of the API server's processes, in MB."""
     return sum(rss_mb(pid) for pid in api_pids(api))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -25,7 +27,10 @@ import pytest
 from tests.conftest import ROOT, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, Tidegate
+from tidegate.ingress.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
 from tidegate.ingress.signatures import verify
+from tidegate.limits import MAX_SLOTS
+from tidegate.worker.counters import DURATION_BUCKETS
 
 
 @pytest.fixture
@@ -512,3 +517,421 @@ async def test_a_run_nested_as_deep_as_allowed_is_claimed_and_completed(
         assert done.status_code == 200, done.text
     assert state_of(sql, run.id) == ("succeeded", 1)
     deep.close()
+
+
+async def test_a_remote_worker_logs_its_own_lines_not_each_http_call(
+    app: Tidegate, api: ApiServer, client: httpx.AsyncClient, sql: psycopg.Connection, tmp_path: Any
+) -> None:
+    """httpx logs every request at INFO: a remote worker's long polls and heartbeats
+    would be a line each, idle or not (494 lines for 171 runs)."""
+    token = await worker_token(client, "python", ["*"])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    env.update(
+        PYTHONPATH=str(ROOT),
+        TIDEGATE_SCHEMA=app.settings.schema,
+        TIDEGATE_SERVER_URL=api.url,
+        TIDEGATE_WORKER_TOKEN=token["Authorization"].removeprefix("Bearer "),
+        TIDEGATE_HEARTBEAT_SECONDS="0.5",
+    )
+    command = ["-m", "tidegate", "worker", "--app", "tests.apps:app", "--workloops", "manual>*:2"]
+    worker = subprocess.Popen(
+        [sys.executable, *command], env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        await wait_until(
+            lambda: (
+                sql.execute("SELECT count(*) FROM workers WHERE token = 'python'").fetchone()
+                == (1,)
+            )
+        )
+        for n in range(10):
+            await app.aenqueue("echo", {"n": n})
+        await wait_until(lambda: state_counts(sql) == {"succeeded": 10}, timeout=30, interval=0.1)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    lines = stderr.splitlines()
+    assert [line for line in lines if "HTTP Request" in line] == []
+    assert any("INFO tidegate.worker: worker remote:python:" in line for line in lines), stderr
+    assert any("stopped" in line for line in lines), stderr
+
+
+async def test_a_workloop_past_the_slot_bound_is_refused_and_cannot_be_stored(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """A worker that registered ``*:99999999999999999999`` made every sync webhook for
+    its tasks, and ``/metrics``, answer 422 (an integer overflow in admission) for as long
+    as it heartbeated."""
+    token = await worker_token(client, "fleet", ["*"])
+    for workloops in ("*:99999999999999999999", f"*:{MAX_SLOTS + 1}", "fast_lane:1 *:" + "9" * 30):
+        refused = await client.post(
+            "/workers", json={"workloops": workloops, "tasks": ["echo"]}, headers=token
+        )
+        assert "slots must be a whole number from 1 to" in assert_problem(refused, 422)["title"]
+    await RemoteWorker.register(client, token, f"fast_lane:{MAX_SLOTS} *:{MAX_SLOTS}", ["echo"])
+    await create_project(client, "acme")
+    trigger = await create_trigger(
+        client, "acme", "quote", mode="sync", task="echo", sync_timeout_seconds=0.5
+    )
+    answer = await client.post(trigger["url"], json={})
+    assert answer.status_code == 202, answer.text  # admitted; nothing runs it
+    assert (await client.get("/metrics", headers=ADMIN)).status_code == 200
+    # The table holds the same bound, whoever writes a worker's row.
+    row = "INSERT INTO workers (id, host, pid, workloops) VALUES (%s, 'h', 1, %s)"
+    for slots in (MAX_SLOTS + 1, 0, 2.5, "4", 99999999999999999999):
+        loops = json.dumps([{"chain": ["*"], "slots": slots, "busy": 0}])
+        with pytest.raises(psycopg.errors.CheckViolation):
+            sql.execute(row, [f"w{slots}", loops])
+    sql.execute(row, ["w", json.dumps([{"chain": ["*"], "slots": MAX_SLOTS, "busy": 0}])])
+
+
+async def test_a_batch_of_outcomes_moves_max_attempts_only_as_giving_an_attempt_back_does(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """A worker raises a run's max_attempts by one to give an attempt back (``Retry``,
+    ``DownstreamFailing``) and never otherwise; a batch that says 32,767 is held to it."""
+    token = await worker_token(client, "fleet", ["*"])
+    worker = await RemoteWorker.register(client, token, "manual>*:3", ["echo"])
+    runs = [await app.aenqueue("echo", {"n": n}, max_attempts=3) for n in range(3)]
+    claimed = {run["id"]: run for run in await worker.claim(3)}
+    assert claimed.keys() == {run.id for run in runs}
+
+    def row(run_id: int, state: str, max_attempts: int) -> dict[str, Any]:
+        return {"id": run_id, "attempt": 1, "state": state, "max_attempts": max_attempts}
+
+    batch = [
+        row(runs[0].id, "scheduled", 32767),  # given back: at most one more
+        row(runs[1].id, "scheduled", 1),  # never fewer
+        row(runs[2].id, "succeeded", 99),  # finished: unchanged
+    ]
+    answer = await worker.post("/complete", {"outcomes": batch, "events": []})
+    assert answer.status_code == 200, answer.text
+    assert sorted(answer.json()["recorded"]) == sorted(claimed)
+    rows = dict(
+        sql.execute(
+            "SELECT id, max_attempts FROM runs WHERE id = ANY(%s)", [[r.id for r in runs]]
+        ).fetchall()
+    )
+    assert rows == {runs[0].id: 4, runs[1].id: 3, runs[2].id: 3}
+
+
+async def test_concurrent_claims_on_two_api_processes_never_exceed_a_workloops_slots(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """Each claim counts the runs its workloop holds, then claims the rest of its slots:
+    two at once, on two API processes, both counted none held (50 concurrent claims on a
+    one-slot workloop held 2 to 34 runs)."""
+    servers = [start_api(), start_api()]
+    await app.aenqueue_many([NewRun("echo", {"n": n}) for n in range(400)])
+    clients = [httpx.AsyncClient(base_url=server.url, timeout=30) for server in servers]
+    try:
+        token = await worker_token(clients[0], "fleet", ["default"])
+        workers = [
+            await RemoteWorker.register(clients[0], token, "default:1", ["echo"]) for _ in range(20)
+        ]
+
+        async def claim(worker: RemoteWorker, client: httpx.AsyncClient) -> list[dict[str, Any]]:
+            body = {"workloop": 0, "demand": 5, "wait_seconds": 0}
+            answer = await client.post(f"/workers/{worker.id}/claim", json=body, headers=token)
+            assert answer.status_code in (200, 429), answer.text
+            runs: list[dict[str, Any]] = answer.json()["runs"] if answer.status_code == 200 else []
+            return runs
+
+        for _ in range(5):
+            answers = await asyncio.gather(
+                *(claim(worker, client) for worker in workers for client in clients)
+            )
+            held = sql.execute(
+                "SELECT max(n) FROM (SELECT count(*) AS n FROM runs WHERE state = 'running'"
+                " GROUP BY worker_id) AS held"
+            ).fetchone()
+            assert held is not None and held[0] == 1, f"a one-slot workloop held {held[0]} runs"
+            for worker, first, second in zip(workers, answers[0::2], answers[1::2], strict=True):
+                for run in [*first, *second]:
+                    assert (await worker.succeed(run)).status_code == 200
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+def counted(task: str, lane: str = "default", attempts: int = 1, **fields: Any) -> dict[str, Any]:
+    """A heartbeat's counter row: ``attempts`` that succeeded, each within 5 ms."""
+    buckets = [attempts] + [0] * len(DURATION_BUCKETS)
+    row = {"task": task, "lane": lane, "outcome": "succeeded", "attempts": attempts}
+    return {**row, "seconds": 0.001 * attempts, "buckets": buckets, **fields}
+
+
+async def test_a_heartbeats_counters_outside_the_workers_tasks_lanes_or_bounds_are_refused(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    token = await worker_token(client, "fleet", ["default", "manual"])
+    worker = await RemoteWorker.register(client, token, "default:2", ["echo"])
+    for row, why in (
+        (counted("made_up"), "task 'made_up' is not one this worker registered"),
+        (counted("echo", lane="manual"), "lane 'manual' is not one this worker's workloops"),
+        (counted("echo", attempts=2**31), "less than or equal to 1000000"),
+        (counted("echo", buckets=[5] + [0] * len(DURATION_BUCKETS)), "holds 5 attempts, more"),
+    ):
+        refused = await worker.post("/heartbeat", {"run_ids": [], "counters": [row]})
+        assert why in refused.text, refused.text
+        assert_problem(refused, 422)
+    assert sql.execute("SELECT count(*) FROM worker_counters").fetchone() == (0,)
+    beat = await worker.post("/heartbeat", {"run_ids": [], "counters": [counted("echo")]})
+    assert beat.status_code == 200, beat.text
+    assert sql.execute("SELECT task, lane, attempts FROM worker_counters").fetchall() == [
+        ("echo", "default", 1)
+    ]
+
+
+async def test_one_workers_counters_cannot_push_the_others_out_of_the_metrics(
+    client: httpx.AsyncClient,
+) -> None:
+    """``/metrics`` reports at most 1,000 series of attempts; a worker with 1,000 series
+    of names that sort first took every place (in name order) from everyone else's."""
+    token = await worker_token(client, "fleet", ["*"])
+    names = [f"aaa{n:04d}" for n in range(1000)]
+    crowd = await RemoteWorker.register(client, token, "*:1", names)
+    beat = await crowd.post(
+        "/heartbeat", {"run_ids": [], "counters": [counted(name, attempts=5) for name in names]}
+    )
+    assert beat.status_code == 200, beat.text
+    worker = await RemoteWorker.register(client, token, "*:1", ["echo"])
+    beat = await worker.post("/heartbeat", {"run_ids": [], "counters": [counted("echo")]})
+    assert beat.status_code == 200, beat.text
+    scraped = (await client.get("/metrics", headers=ADMIN)).text
+    assert 'tidegate_attempts_total{lane="default",outcome="succeeded",task="echo"} 1.0' in scraped
+    assert scraped.count("tidegate_attempts_total{") == 1000
+
+
+async def test_claims_past_a_workloops_or_a_tokens_bound_are_answered_429(
+    start_api: Callable[..., ApiServer],
+) -> None:
+    """One claim at a time per workloop, ``max_claims_per_token`` per token, on an API
+    process; a claim whose client went frees its place at once."""
+    api = start_api(max_claims_per_token=3)
+    async with httpx.AsyncClient(base_url=api.url, timeout=60) as client:
+        token = await worker_token(client, "fleet", ["*"])
+        workers = [
+            await RemoteWorker.register(client, token, "manual>*:1", ["echo"]) for _ in range(4)
+        ]
+        waits = {"workloop": 0, "demand": 1, "wait_seconds": 30}
+        now = {**waits, "wait_seconds": 0}
+        claims = [asyncio.create_task(worker.post("/claim", waits)) for worker in workers]
+        done, waiting = await asyncio.wait(claims, return_when=asyncio.FIRST_COMPLETED)
+        (refused,) = done  # three wait (no run comes), the fourth is over the token's bound
+        assert "at most 3" in assert_problem(refused.result(), 429)["title"]
+        assert 1 <= int(refused.result().headers["retry-after"]) <= 30
+        idle = workers[claims.index(refused)]
+        assert_problem(await idle.post("/claim", now), 429)
+        # A workloop with a claim waiting: a second claim of it is refused.
+        busy = workers[claims.index(next(iter(waiting)))]
+        again = await busy.post("/claim", now)
+        assert "has a claim waiting" in assert_problem(again, 429)["title"]
+        assert 1 <= int(again.headers["retry-after"]) <= 30
+        # A claim whose client goes away leaves its place at once, not at its deadline.
+        gone = waiting.pop()
+        gone.cancel()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while (answer := await idle.post("/claim", now)).status_code == 429:
+            assert loop.time() < deadline, "the place of a claim whose client went stayed taken"
+            await asyncio.sleep(0.05)
+        assert answer.status_code == 200 and answer.json() == {"runs": []}
+        for claim in waiting:
+            claim.cancel()
+
+
+async def test_a_tokens_claims_of_more_kinds_than_its_bound_are_answered_429(
+    client: httpx.AsyncClient,
+) -> None:
+    """Every kind of waiting claim (chain and tasks) costs a look at each NOTIFY of its
+    lanes: a token's claims may be of ``MAX_KINDS_PER_TOKEN`` kinds on an API process."""
+    token = await worker_token(client, "fleet", ["*"])
+    workers = [
+        await RemoteWorker.register(client, token, "manual>*:1", [f"task{n}"])
+        for n in range(MAX_KINDS_PER_TOKEN + 1)
+    ]
+    claims, _ = await all_waiting(workers[:-1])
+    try:
+        body = {"workloop": 0, "demand": 1, "wait_seconds": 30}
+        refused = await workers[-1].post("/claim", body)
+        assert f"of {MAX_KINDS_PER_TOKEN} kinds" in assert_problem(refused, 429)["title"]
+        # Another claim of a kind already waiting is welcome.
+        same = await RemoteWorker.register(client, token, "manual>*:1", ["task0"])
+        assert (await same.claim(1)) == []
+    finally:
+        for claim in claims:
+            claim.cancel()
+
+
+async def test_a_new_run_wakes_one_waiting_claim_of_a_kind_not_every_one(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection, schema: str
+) -> None:
+    """A NOTIFY of a lane woke every waiting claim, each a transaction of statements: 500
+    waiting claims took the database from 93 to 1,330 transactions a second. Now it wakes
+    the first claim of each kind (chain and tasks); one that takes all it asked for wakes
+    the next, so a batch of runs in one NOTIFY is taken at once all the same."""
+    api = start_api()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=api.url, timeout=60, limits=limits) as client:
+        token = await worker_token(client, "fleet", ["default"])
+        workers = [
+            await RemoteWorker.register(client, token, "default:1", ["echo"]) for _ in range(150)
+        ]
+        claims, looks = await all_waiting(workers)
+
+        async def claimed(count: int) -> None:
+            await wait_until(
+                lambda: (
+                    sql.execute("SELECT count(*) FROM runs WHERE state = 'running'").fetchone()
+                    == (count,)
+                ),
+                timeout=10,  # the claims wait 60 s: this is a wake, not a deadline
+            )
+
+        for n in range(10):  # a NOTIFY each
+            await app.aenqueue("echo", {"n": n})
+            await claimed(n + 1)
+        await app.aenqueue_many([NewRun("echo", {"n": n}) for n in range(20)])  # one NOTIFY
+        await claimed(30)
+        answered = [claim for claim in claims if claim.done()]
+        assert len(answered) == 30
+        assert all(len(claim.result().json()["runs"]) == 1 for claim in answered)
+        for claim in claims:
+            claim.cancel()
+    assert api.stop() == 0  # its connections' backends report their statistics as they exit
+    # Every look runs claim_runs, which reads key_breakers once: count the reads.
+    read = "SELECT seq_scan + coalesce(idx_scan, 0) FROM pg_stat_user_tables"
+    read += " WHERE schemaname = %s AND relname = 'key_breakers'"
+    counts = [-1]
+    while True:
+        counts.append(sql.execute(read, [schema]).fetchone()[0])  # type: ignore[index]
+        if counts[-1] == counts[-2]:
+            break
+        await asyncio.sleep(0.5)  # until the exiting backends' figures are all in
+    # 150 first looks, the probes that looked, then per run about one look to take it and
+    # one after (it took all it asked for: the next of its kind looks).
+    assert counts[-1] <= 150 + looks + 3 * 30, counts[-1]
+
+
+async def all_waiting(
+    workers: list[RemoteWorker],
+) -> tuple[list[asyncio.Task[httpx.Response]], int]:
+    """Start a long claim of each worker's workloop 0 and return once every one waits
+    (a claim of it with no wait is then answered 429), with the number of such probes that
+    looked (they took the place first: their long claim was refused, and sent again)."""
+    waits = {"workloop": 0, "demand": 1, "wait_seconds": 60}
+    claims = [asyncio.create_task(worker.post("/claim", waits)) for worker in workers]
+    looks = 0
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    pending = set(range(len(workers)))
+    while pending:
+        assert loop.time() < deadline, f"{len(pending)} claims never waited"
+        for i in sorted(pending):
+            if claims[i].done():  # refused: a probe had the place
+                assert claims[i].result().status_code == 429, claims[i].result().text
+                claims[i] = asyncio.create_task(workers[i].post("/claim", waits))
+                continue
+            probe = await workers[i].post("/claim", {**waits, "wait_seconds": 0})
+            if probe.status_code == 429:
+                pending.discard(i)
+            else:
+                looks += 1
+        await asyncio.sleep(0.05)
+    return claims, looks
+
+
+async def test_no_run_waits_while_a_claim_that_could_take_it_sleeps(
+    app: Tidegate, start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """Runs of two kinds' tasks arrive in batches of every size, while claims of both
+    kinds sleep, look and come back: each is taken on a wake, never left for a claim's
+    deadline (60 s) or a worker's next poll."""
+    api = start_api()
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=api.url, timeout=90, limits=limits) as client:
+        token = await worker_token(client, "fleet", ["*"])
+        kinds = {"echo": "manual>*:2", "noop": "default:1"}
+        workers = [
+            await RemoteWorker.register(client, token, workloops, [task])
+            for task, workloops in kinds.items()
+            for _ in range(10)
+        ]
+        done: list[int] = []
+
+        async def work(worker: RemoteWorker) -> None:
+            while True:
+                answer = await worker.post(
+                    "/claim", {"workloop": 0, "demand": 2, "wait_seconds": 60}
+                )
+                assert answer.status_code == 200, answer.text
+                for run in answer.json()["runs"]:
+                    assert (await worker.succeed(run)).status_code == 200
+                    done.append(run["id"])
+
+        working = [asyncio.create_task(work(worker)) for worker in workers]
+        try:
+            rng = random.Random(7)
+            ids: list[int] = []
+            while len(ids) < 200:
+                batch = [
+                    NewRun(rng.choice(list(kinds)), {}) for _ in range(rng.choice([1, 1, 2, 5, 17]))
+                ]
+                ids += [run.id for run in await app.aenqueue_many(batch)]
+                await asyncio.sleep(rng.random() * 0.02)
+            await wait_until(lambda: len(done) >= len(ids), timeout=30)
+        finally:
+            for task in working:
+                task.cancel()
+    assert sorted(done) == sorted(ids)
+
+
+KIND = (("default",), ("echo",))
+
+
+async def test_a_wake_while_every_claim_of_its_kind_looks_makes_one_look_again() -> None:
+    """A run whose NOTIFY comes while the claims that could take it are all looking (their
+    reads may predate it) is not left until a deadline: one of them looks again."""
+    queue = Queue(KIND[0])
+    turn = Turn(queue, "fleet", deadline=0.0)
+    turn.look()
+    queue.wake()  # the NOTIFY: no claim of the kind asleep
+    turn.looked(asked=1, got=0)  # came back empty
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    await asyncio.wait_for(turn.sleep(30, never), 5)  # back at once, to look again
+    turn.look()
+    turn.looked(asked=1, got=0)
+    with pytest.raises(TimeoutError):  # nothing new: it sleeps
+        await asyncio.wait_for(turn.sleep(30, never), 0.2)
+
+
+async def test_a_claim_woken_that_leaves_without_looking_wakes_the_next() -> None:
+    """A claim woken for a new run that goes (its deadline, its client) before it looks
+    hands the wake to the next claim of its kind."""
+    loop = asyncio.get_running_loop()
+    claims = Claims(lambda: loop.create_future(), "available", max_per_token=10)
+    claims.listener.task = loop.create_future()  # as if listening already
+    claims.listener.listening.set()
+    never: asyncio.Future[None] = loop.create_future()
+    woken: list[str] = []
+
+    async def claim(worker: str, looks: bool) -> None:
+        async with claims.claiming("fleet", (worker, 0), KIND, loop.time() + 30) as turn:
+            await turn.sleep(30, never)
+            woken.append(worker)
+            if looks:  # and finds nothing
+                turn.look()
+                turn.looked(asked=1, got=0)
+
+    waiting = [
+        asyncio.create_task(claim(worker, looks))
+        for worker, looks in (("w1", False), ("w2", True), ("w3", True))
+    ]
+    await wait_until(lambda: KIND in claims.queues and len(claims.queues[KIND].asleep) == 3)
+    claims._ready("available", "default")
+    await asyncio.wait_for(asyncio.gather(*waiting[:2]), 5)
+    assert woken == ["w1", "w2"]  # the first, gone unlooked, then the next in its place
+    assert not waiting[2].done()
+    waiting[2].cancel()

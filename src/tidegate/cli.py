@@ -374,6 +374,22 @@ def demo(ctx: click.Context, /, count: int) -> None:
     help="How much of a refused request's body the webhook log keeps.",
 )
 @_option(
+    "--max-claims-per-token",
+    type=click.IntRange(1, 1_000_000),
+    help="The most long-polling claims a worker token's remote workers hold at once, per "
+    "API process.",
+)
+@_option(
+    "--max-streams",
+    type=click.IntRange(1, 1_000_000),
+    help="The most event streams an API process serves at once.",
+)
+@_option(
+    "--max-streams-per-caller",
+    type=click.IntRange(1, 1_000_000),
+    help="The most event streams one caller holds at once, per API process.",
+)
+@_option(
     "--ui-session-seconds",
     type=click.FloatRange(min=0, min_open=True),
     help="How long a dashboard (/ui) session lasts after signing in.",

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tidegate.errors import ConfigError
-from tidegate.limits import LANE_NAME, MAX_COUNT, whole_number
+from tidegate.limits import LANE_NAME, MAX_SLOTS, whole_number
 
 WILDCARD = "*"
 DEFAULT_CHAIN: tuple[str, ...] = ("manual", WILDCARD)
@@ -90,10 +90,10 @@ def parse_workloops(spec: str) -> tuple[WorkloopSpec, ...]:
         chain_text, colon, slots_text = group.rpartition(":")
         if not colon:
             raise ConfigError(f"workloop {group!r} needs a slot count, e.g. '{group}:4'")
-        slots = whole_number(slots_text, MAX_COUNT)
+        slots = whole_number(slots_text, MAX_SLOTS)
         if slots is None or slots < 1:
             raise ConfigError(
-                f"workloop {group!r}: slots must be a whole number from 1 to {MAX_COUNT}"
+                f"workloop {group!r}: slots must be a whole number from 1 to {MAX_SLOTS}"
             )
         try:
             chain = parse_chain(chain_text)

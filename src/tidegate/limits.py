@@ -19,6 +19,9 @@ bodies, results             (64), strings and keys without   NaN; deep nesting e
                             digits                           no longer integers
 counts (caps, limits)       0 .. 2**31 - 1                   integer columns
 run ids                     1 .. 2**63 - 1                   bigint
+a workloop's slots          1 .. 10,000                      a local worker's threads;
+                                                             admission sums slots as
+                                                             integers
 whole numbers in text       ASCII digits ``[0-9]`` only      ``str.isdigit`` takes ``²``,
 (headers, query, specs)                                      which ``int`` refuses
 rates, per second           0.001 .. 1,000,000               1/rate must be an interval
@@ -53,6 +56,11 @@ _INT_BOUND = 10**MAX_INT_DIGITS
 """The smallest integer of more than ``MAX_INT_DIGITS`` digits, computed once."""
 MAX_COUNT = 2**31 - 1
 MAX_ID = 2**63 - 1
+MAX_SLOTS = 10_000
+"""The most slots a workloop may have. The workers table holds the same bound (the CHECK
+workers_slots_bounded, schema.sql): admission reads every workloop's slots as an
+integer, and one worker's row past it made every sync webhook for its tasks, and
+``/metrics``, fail."""
 MIN_RATE = 0.001
 MAX_RATE = 1_000_000.0
 MIN_WEIGHT = 0.001

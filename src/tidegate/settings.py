@@ -57,6 +57,9 @@ DEFAULT_METRICS_MAX_KEYS = 100
 DEFAULT_WEBHOOK_LOG_SIZE = 1000
 DEFAULT_WEBHOOK_LOG_BODY_BYTES = 64 * 1024
 DEFAULT_UI_SESSION_SECONDS = 12 * 3600.0
+DEFAULT_MAX_CLAIMS_PER_TOKEN = 1000
+DEFAULT_MAX_STREAMS = 500
+DEFAULT_MAX_STREAMS_PER_CALLER = 100
 LOG_FORMATS = ("text", "json")
 
 MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
@@ -78,6 +81,9 @@ COUNT_BOUNDS = {
     "metrics_max_keys": (0, 10_000),
     "webhook_log_size": (0, 1_000_000),
     "webhook_log_body_bytes": (0, 104_857_600),
+    "max_claims_per_token": (1, 1_000_000),
+    "max_streams": (1, 1_000_000),
+    "max_streams_per_caller": (1, 1_000_000),
 }
 """The range of each whole-number setting: what the columns and the code can hold."""
 
@@ -155,6 +161,14 @@ class Settings:
     """How much of a refused request's body the webhook log keeps."""
     ui_session_seconds: float = DEFAULT_UI_SESSION_SECONDS
     """How long a dashboard session lasts after signing in (``/ui``); then sign in again."""
+    max_claims_per_token: int = DEFAULT_MAX_CLAIMS_PER_TOKEN
+    """The most long-polling claims the remote workers of one worker token may have open
+    at once on an API process (429 past it; docs/workers.md)."""
+    max_streams: int = DEFAULT_MAX_STREAMS
+    """The most event streams an API process serves at once (503 past it; docs/progress.md)."""
+    max_streams_per_caller: int = DEFAULT_MAX_STREAMS_PER_CALLER
+    """The most event streams one caller (a token; a project's sync webhooks) may have open
+    at once on an API process (429 past it)."""
     parsed_workloops: tuple[WorkloopSpec, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

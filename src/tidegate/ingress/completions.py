@@ -5,9 +5,7 @@ final state. The listener resolves the futures of the requests waiting for those
 and remembers the ids it saw in the last minute: a request that starts waiting just
 after its run finished (the notification came between the commit and the wait) still
 finds it. A run's new progress events NOTIFY ``e<id>``: they wake the streams that
-``watch`` the run. Lanes that get ready runs NOTIFY the available channel, as they wake
-local workers: a second connection LISTENs there once a remote worker's claim first
-waits (``claiming``), and wakes the long-polling claims of the lanes. No request polls.
+``watch`` the run. No request polls. (Remote workers' claims wait in ingress/claims.py.)
 """
 
 from __future__ import annotations
@@ -16,15 +14,13 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 
 import psycopg
 
-from tidegate.lanes import chain_admits
 from tidegate.worker.services import Listener
 
 REMEMBER_SECONDS = 60.0
-LISTEN_WAIT_SECONDS = 5.0
 
 
 class Completions:
@@ -34,24 +30,18 @@ class Completions:
         self,
         connect: Callable[[], Awaitable[psycopg.AsyncConnection]],
         channel: str,
-        available_channel: str,
     ) -> None:
         self.waiting: dict[int, list[asyncio.Future[None]]] = {}
         self.seen: set[int] = set()
         self.seen_order: deque[tuple[float, int]] = deque()
         self.watchers: dict[int, set[asyncio.Event]] = {}
-        self.claimers: set[tuple[tuple[str, ...], asyncio.Event]] = set()
         self.listener = Listener(connect, [channel], self._notified, self._wake_everyone)
-        self.available = Listener(connect, [available_channel], self._ready, self._wake_claimers)
-        """Started by the first claim that waits: a process no remote worker calls does
-        not hear of every enqueue."""
 
     def start(self) -> asyncio.Task[None]:
         return self.listener.start()
 
     async def stop(self) -> None:
         await self.listener.stop()
-        await self.available.stop()
 
     async def wait(self, run_id: int, timeout: float) -> bool:
         """Wait until the run may have finished; ``False`` after ``timeout`` seconds.
@@ -88,30 +78,6 @@ class Completions:
             watchers.discard(news)
             if not watchers:
                 self.watchers.pop(run_id, None)
-
-    @contextlib.asynccontextmanager
-    async def claiming(self, chain: tuple[str, ...]) -> AsyncIterator[asyncio.Event]:
-        """An event set, for the block, whenever a lane the chain takes gets ready runs
-        (or the listener reconnects)."""
-        if self.available.task is None:
-            self.available.start()
-        entry = (chain, asyncio.Event())
-        self.claimers.add(entry)
-        try:
-            with contextlib.suppress(TimeoutError):  # until it listens, a claim waits longer
-                await asyncio.wait_for(self.available.listening.wait(), LISTEN_WAIT_SECONDS)
-            yield entry[1]
-        finally:
-            self.claimers.discard(entry)
-
-    def _ready(self, channel: str, lane: str) -> None:
-        for chain, ready in self.claimers:
-            if chain_admits(chain, lane):
-                ready.set()
-
-    def _wake_claimers(self) -> None:
-        for _, ready in self.claimers:
-            ready.set()
 
     def _notified(self, channel: str, payload: str) -> None:
         if payload.startswith("e"):

@@ -27,7 +27,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -210,10 +210,11 @@ class Trigger:
                 "404": "unknown or disabled trigger",
                 "413": "body (with the headers kept) over the trigger's limit",
                 "415": "content type is not JSON",
-                "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit)",
+                "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit), "
+                "or its event streams at their bound",
                 "502": "sync trigger: the run failed (its id is in the body)",
                 "503": "no worker can take it, its key's circuit breaker is open, backlog "
-                "full, or database unavailable",
+                "full, the server's event streams at their bound, or database unavailable",
             }
         ),
     },
@@ -336,6 +337,7 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
     note.idempotency_key = idempotency_key
 
     stream_after = None
+    give_back: Callable[[], None] = _nothing
     if trigger.mode == "sync" and events.wants_events(request.headers.get("accept")):
         try:
             stream_after = events.last_event_id(request.headers.get("last-event-id"))
@@ -343,22 +345,40 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
             return problem(400, str(error))
         if stream_after is None:  # it has seen the end: only the end again
             stream_after = MAX_ID
+        # Before the admission: a stream refused makes no run (a repeat of an admitted
+        # request, which any sender can make, streams too).
+        try:
+            give_back = ingress.streams.take(f"hooks:{trigger.project}")
+        except events.Full as full:
+            note.outcome = "too_many_streams"
+            return problem(full.status, full.title, full.headers)
 
     lane = FAST_LANE if trigger.mode == "sync" else "default"
-    decision = await ingress.run(
-        _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
-    )
-    note.outcome = decision["decision"]
-    note.run_id = decision["run_id"]
-    return await _answer(ingress, trigger, decision, stream_after)
+    response = None
+    try:
+        decision = await ingress.run(
+            _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
+        )
+        note.outcome = decision["decision"]
+        note.run_id = decision["run_id"]
+        response = await _answer(ingress, trigger, decision, stream_after, give_back)
+        return response
+    finally:
+        if not isinstance(response, events.EventStream):  # no stream: its place is free
+            give_back()
 
 
 async def _answer(
-    ingress: Ingress, trigger: Trigger, decision: dict[str, Any], stream_after: int | None
+    ingress: Ingress,
+    trigger: Trigger,
+    decision: dict[str, Any],
+    stream_after: int | None,
+    give_back: Callable[[], None],
 ) -> Response:
     """The answer to an admission's decision. A sync caller that asked for server-sent
     events (``stream_after``: the last event it has seen) gets the run's progress as it
-    happens, then its reply as the ``result`` event."""
+    happens, then its reply as the ``result`` event, in a stream that gives its place
+    back (``give_back``) when it ends."""
     verdict = decision["decision"]
     limits = _rate_limit_headers(decision)
     if verdict == "rate_limited":
@@ -415,16 +435,21 @@ async def _answer(
             headers={**limits, **location},
         )
     if stream_after is not None:
-        stream = events.run_events(
-            ingress,
-            run_id,
-            FAST_LANE,
-            stream_after,
-            _reply_event,
-            trigger.sync_timeout_seconds,
-            _pending_event,
-        )
-        return events.stream_response(stream, {**limits, **location})
+        after = stream_after  # an int, for the closure
+
+        def stream(gone: asyncio.Event) -> AsyncGenerator[bytes]:
+            return events.run_events(
+                ingress,
+                run_id,
+                FAST_LANE,
+                after,
+                _reply_event,
+                gone,
+                trigger.sync_timeout_seconds,
+                _pending_event,
+            )
+
+        return events.EventStream(stream, {**limits, **location}, give_back)
     run = await _wait_for(
         ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"
     )
@@ -659,3 +684,7 @@ def _admit(
         dict_row,
     )
     return dict(rows[0])
+
+
+def _nothing() -> None:
+    pass

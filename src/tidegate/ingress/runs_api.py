@@ -87,7 +87,13 @@ async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JS
             "content": {EVENT_STREAM: {}},
         },
         204: {"description": "the client has seen the end already (Last-Event-ID: end)"},
-        **problem_responses(**{"400": "a Last-Event-ID this server did not send"}),
+        **problem_responses(
+            **{
+                "400": "a Last-Event-ID this server did not send",
+                "429": "the caller's event streams at their bound (Retry-After)",
+                "503": "the server's event streams at their bound (Retry-After)",
+            }
+        ),
         **NOT_FOUND,
     },
 )
@@ -99,7 +105,9 @@ async def stream_run_events(
 ) -> Response:
     """A run's progress as it happens, then its end (server-sent events).
 
-    Reconnecting with ``Last-Event-ID`` resumes after that event, on any API process.
+    Reconnecting with ``Last-Event-ID`` resumes after that event, on any API process. A
+    caller holds at most ``max_streams_per_caller`` streams (429), an API process serves
+    at most ``max_streams`` (503).
     """
     try:
         after = events.last_event_id(last_event_id)
@@ -113,8 +121,13 @@ async def stream_run_events(
         return events.sse("result", json.dumps(_shown(finished, caller)), events.END_ID)
 
     ingress: Ingress = request.app.state.ingress
-    stream = events.run_events(ingress, run.id, run.lane, after, end)
-    return events.stream_response(stream, {})
+    try:
+        give_back = ingress.streams.take(f"token:{caller.project or '(admin)'}")
+    except events.Full as full:
+        raise HTTPException(full.status, full.title, full.headers) from None
+    return events.EventStream(
+        lambda gone: events.run_events(ingress, run.id, run.lane, after, end, gone), {}, give_back
+    )
 
 
 @router.get("", responses={200: {"description": "the newest runs, newest first"}})

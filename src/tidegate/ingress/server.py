@@ -32,7 +32,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from tidegate.app import Tidegate
+from tidegate.ingress.claims import Claims
 from tidegate.ingress.completions import Completions
+from tidegate.ingress.events import Streams
 from tidegate.ingress.ledger import Ledger
 from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
@@ -157,7 +159,8 @@ def problem(
 
 
 class Ingress:
-    """What one API process holds: settings, a pool, the completion listener."""
+    """What one API process holds: settings, a pool, the completion listener, the remote
+    workers' waiting claims, the event streams' places."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -172,9 +175,13 @@ class Ingress:
             open=False,
             name="tidegate-ingress",
         )
-        self.completions = Completions(
-            self.app.database.aconnect, self.app.completed_channel, self.app.available_channel
+        self.completions = Completions(self.app.database.aconnect, self.app.completed_channel)
+        self.claims = Claims(
+            self.app.database.aconnect,
+            self.app.available_channel,
+            settings.max_claims_per_token,
         )
+        self.streams = Streams(settings.max_streams, settings.max_streams_per_caller)
         self.ledger = Ledger(self.pool, settings)
         self.rescuer = Periodic(
             "rescuer",
@@ -193,6 +200,11 @@ class Ingress:
         async with self.pool.connection() as conn:
             return await adrive(conn, steps)
 
+    async def transact(self, steps: Steps[T]) -> T:
+        """Run ``steps`` in one transaction (``run`` commits each statement)."""
+        async with self.pool.connection() as conn, conn.transaction():
+            return await adrive(conn, steps)
+
     async def start(self) -> None:
         await self.pool.open(wait=False)
         self.completions.start()
@@ -204,6 +216,7 @@ class Ingress:
 
     async def stop(self) -> None:
         await self.completions.stop()
+        await self.claims.stop()
         await self.ledger.stop()
         await self.rescuer.stop()
         await self.pool.close()

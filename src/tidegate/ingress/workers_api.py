@@ -34,16 +34,16 @@ from typing import Annotated, Any, Literal
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
 from tidegate.ingress.auth import BEARER, WorkerCaller
-from tidegate.ingress.events import get_run
+from tidegate.ingress.claims import Busy
+from tidegate.ingress.events import disconnected, get_run
 from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
-from tidegate.lanes import parse_workloops
+from tidegate.lanes import chain_admits, parse_workloops
 from tidegate.limits import (
-    MAX_COUNT,
     MAX_DELAY_SECONDS,
     MAX_TEXT_CHARS,
     LaneName,
@@ -61,7 +61,7 @@ from tidegate.remote import (
 )
 from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps
-from tidegate.worker.counters import DURATION_BUCKETS
+from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
 from tidegate.worker.execute import reported_outcome
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
 from tidegate.worker.services import rescue
@@ -86,6 +86,9 @@ MAX_JSON_TEXT = 16 * 1024 * 1024
 """The longest result or error, as JSON text, in a batch of outcomes."""
 MAX_DEMAND = 1000
 NOT_YOURS = problem_responses(**{"404": "no such worker of this token (or no such run)"})
+BUSY = problem_responses(
+    **{"429": "a claim of this workloop is waiting, or the token's claims are at their bound"}
+)
 NOT_HELD = problem_responses(
     **{"409": "the worker does not hold this attempt (cancelled, rescued, or finished)"}
 )
@@ -127,7 +130,11 @@ class Claim(BaseModel):
 
 class Counted(BaseModel):
     """Attempts a worker finished since its last beat, by task, lane and outcome (the
-    metrics' ``tidegate_attempts`` and durations; worker/counters.py)."""
+    metrics' ``tidegate_attempts`` and durations; worker/counters.py).
+
+    At most ``MAX_BEAT_ATTEMPTS`` per beat, and no more in the histogram than there were
+    attempts; the route checks that the task is one the worker registered, and the lane
+    one its workloops take."""
 
     model_config = ConfigDict(extra="forbid")
     task: Text
@@ -142,14 +149,23 @@ class Counted(BaseModel):
         "late",
         "rescued",
     ]
-    attempts: int = Field(ge=0, le=MAX_COUNT)
+    attempts: int = Field(ge=0, le=MAX_BEAT_ATTEMPTS)
     seconds: float = Field(ge=0, le=1e12, allow_inf_nan=False)
-    buckets: list[Annotated[int, Field(ge=0, le=MAX_COUNT)]] = Field(
+    buckets: list[Annotated[int, Field(ge=0, le=MAX_BEAT_ATTEMPTS)]] = Field(
         min_length=len(DURATION_BUCKETS) + 1,
         max_length=len(DURATION_BUCKETS) + 1,
         description="How many of the attempts took up to each bound of the histogram "
         f"(seconds: {', '.join(map(str, DURATION_BUCKETS))}), then longer.",
     )
+
+    @model_validator(mode="after")
+    def no_more_timed_than_counted(self) -> Counted:
+        if sum(self.buckets) > self.attempts:
+            raise ValueError(
+                f"counters: the histogram of {self.task!r} in {self.lane!r} ({self.outcome}) "
+                f"holds {sum(self.buckets)} attempts, more than the {self.attempts} counted"
+            )
+        return self
 
 
 class Heartbeat(BaseModel):
@@ -289,11 +305,13 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
     }
 
 
-@router.post("/{worker_id}/claim", responses=NOT_YOURS)
+@router.post("/{worker_id}/claim", responses={**NOT_YOURS, **BUSY})
 async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet) -> JSONAnswer:
     """Claim runs for one workloop along its chain: answered as soon as any are claimed,
     or with none after ``wait_seconds`` (a long poll). ``runs``: each as ``GET
-    /runs/{id}`` shows it.
+    /runs/{id}`` shows it. One claim at a time per workloop, and
+    ``max_claims_per_token`` per worker token, on each API process (429 past them;
+    ingress/claims.py says how a waiting claim is woken).
 
     A ``JSONAnswer``, as the runs API's: a run may nest deeper than FastAPI's serializer
     goes (``max_json_depth`` up to 512: a 500 before), and it is cheaper (the API's CPU
@@ -318,20 +336,25 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     }
     clock = asyncio.get_running_loop().time
     deadline = clock() + body.wait_seconds
-    async with ingress.completions.claiming(chain) as ready:
-        while True:
-            ready.clear()
-            held = await ingress.run(_count_held(worker_id, body.workloop))
-            demand = min(body.demand, loop["slots"] - held)
-            if demand <= 0:
-                return JSONAnswer({"runs": []})
-            claimed = await ingress.run(_claim({**params, "demand": demand}))
-            if claimed or clock() >= deadline or await request.is_disconnected():
-                return JSONAnswer({"runs": [run.to_json() for run in claimed]})
-            try:
-                await asyncio.wait_for(ready.wait(), deadline - clock())
-            except TimeoutError:
-                return JSONAnswer({"runs": []})
+    place = (worker_id, body.workloop)
+    gone = asyncio.ensure_future(disconnected(request.receive))
+    try:
+        async with ingress.claims.claiming(
+            fleet.token, place, (chain, tuple(tasks)), deadline
+        ) as turn:
+            while True:
+                turn.look()
+                free, claimed = await ingress.transact(_claim(params, loop["slots"], body.demand))
+                turn.looked(asked=min(body.demand, free), got=len(claimed))
+                if free <= 0 or claimed or clock() >= deadline:
+                    return JSONAnswer({"runs": [run.to_json() for run in claimed]})
+                await turn.sleep(deadline - clock(), gone)
+                if gone.done() or clock() >= deadline:
+                    return JSONAnswer({"runs": []})
+    except Busy as busy:
+        raise HTTPException(429, busy.title, {"Retry-After": str(busy.retry_after)}) from None
+    finally:
+        gone.cancel()
 
 
 @router.post("/{worker_id}/heartbeat", responses=NOT_YOURS)
@@ -342,6 +365,9 @@ async def heartbeat(
     those it no longer holds (cancelled meanwhile, or rescued after a lapse)."""
     ingress: Ingress = request.app.state.ingress
     workloops, tasks = await _own(ingress, fleet, worker_id)
+    refusal = _foreign_counter(body.counters, workloops, tasks)
+    if refusal is not None:
+        raise HTTPException(422, refusal)
     beat = _beat(ingress, worker_id, workloops, tasks, fleet, body.run_ids)
     beat["counters"] = json.dumps([counted.model_dump() for counted in body.counters])
     renewed = set(await ingress.run(_renewed(beat)))
@@ -521,6 +547,22 @@ async def _held(ingress: Ingress, worker_id: str, run_id: int, attempt: int) -> 
     return run
 
 
+def _foreign_counter(counters: list[Counted], workloops: list[Any], tasks: list[str]) -> str | None:
+    """Why a heartbeat's counters are refused: a task the worker did not register, or a
+    lane none of its workloops takes (so none within its token's lanes); else None.
+
+    A worker counts only attempts of runs it could claim. Unchecked, one worker's names
+    (1,000 that sort first) pushed every other series out of ``/metrics`` for good."""
+    registered = set(tasks)
+    chains = [tuple(loop["chain"]) for loop in workloops]
+    for row in counters:
+        if row.task not in registered:
+            return f"counters: task {row.task!r} is not one this worker registered"
+        if not any(chain_admits(chain, row.lane) for chain in chains):
+            return f"counters: lane {row.lane!r} is not one this worker's workloops take"
+    return None
+
+
 def _beat(
     ingress: Ingress,
     worker_id: str,
@@ -593,14 +635,18 @@ def _find(worker_id: str, token: str) -> Steps[list[Any]]:
     return (yield Statement("find_remote_worker", {"worker_id": worker_id, "token": token}))
 
 
-def _count_held(worker_id: str, workloop: int) -> Steps[int]:
-    rows = yield Statement("count_held_runs", {"worker_id": worker_id, "workloop": workloop})
-    return int(rows[0][0])
-
-
-def _claim(params: dict[str, Any]) -> Steps[list[Run]]:
-    runs = yield Statement("claim_runs", params, run_row)
-    return [run for run in runs if run.state is RunState.RUNNING]
+def _claim(params: dict[str, Any], slots: int, demand: int) -> Steps[tuple[int, list[Run]]]:
+    """Claim up to ``demand`` runs for the workloop's free slots; return how many were
+    free and the runs. In one transaction: the lock serializes the workloop's claims on
+    every API process (lock_workloop.sql), so its slots are never exceeded."""
+    workloop = {"worker_id": params["worker_id"], "workloop": params["workloop"]}
+    yield Statement("lock_workloop", workloop)
+    rows = yield Statement("count_held_runs", workloop)
+    free = slots - int(rows[0][0])
+    if free <= 0:
+        return free, []
+    runs = yield Statement("claim_runs", {**params, "demand": min(demand, free)}, run_row)
+    return free, [run for run in runs if run.state is RunState.RUNNING]
 
 
 def _renewed(params: dict[str, Any]) -> Steps[list[int]]:

@@ -188,10 +188,20 @@ CREATE TABLE workers (
     started_at   timestamptz NOT NULL DEFAULT now(),
     heartbeat_at timestamptz NOT NULL DEFAULT now(),
     -- The tasks it has: a worker claims only runs of its tasks, and a run of a task no
-    -- live worker has waits in 'pending' (DESIGN.md, invariant 9).
+    -- live worker has waits in 'pending' (docs/guarantees.md).
     tasks        text[]      NOT NULL DEFAULT '{}',
     -- The token a remote worker registered with (its name); NULL for a local worker.
-    token        text
+    token        text,
+    -- A workloop has 1 to 10,000 slots (tidegate.limits.MAX_SLOTS, checked where a spec
+    -- is parsed): admission reads each live workloop's slots as an integer and sums them,
+    -- so every reader may take the bound for granted, whoever wrote the row.
+    CONSTRAINT workers_slots_bounded CHECK (
+        NOT jsonb_path_exists(
+            workloops,
+            '$[*] ? (!exists(@.slots) || @.slots.type() != "number"
+                     || @.slots < 1 || @.slots > 10000 || @.slots != @.slots.floor())'
+        )
+    )
 );
 
 -- Remote workers' tokens (docs/workers.md). The admin gives each fleet a token scoped to

@@ -33,6 +33,10 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 """Upper bounds, in seconds, of the handler-time histogram's buckets; one more bucket
 holds the longer attempts. ``worker_counters.buckets`` holds a count per bucket in this
 order: other bounds need a migration of its rows. Waits from due to claimed use them too."""
+MAX_BEAT_ATTEMPTS = 1_000_000
+"""The most attempts of one series a remote worker's heartbeat may add (the API refuses
+more, 422): a remote drain finishes under 6,000 runs a second through one API process
+(docs/benchmarks.md), about 12,000 between two default heartbeats."""
 CLAIMED = "claimed"
 """The series of claims: their count, and how long each run waited from due to claimed."""
 Series = tuple[str, str, str]

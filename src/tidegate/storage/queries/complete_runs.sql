@@ -33,7 +33,7 @@ reported AS (
 outcome AS (
     SELECT * FROM jsonb_to_recordset(%(outcomes)s::jsonb) AS o(
         id bigint, attempt smallint, state run_state, result text, error text,
-        delay_seconds float8, max_attempts smallint, verdict text
+        delay_seconds float8, max_attempts integer, verdict text
     )
 ),
 done AS (
@@ -42,7 +42,15 @@ done AS (
         result = outcome.result::jsonb,
         errors = CASE WHEN outcome.error IS NULL THEN runs.errors
                       ELSE runs.errors || jsonb_build_array(outcome.error::jsonb) END,
-        max_attempts = outcome.max_attempts,
+        -- A worker raises max_attempts only to give an attempt back (Retry, and
+        -- DownstreamFailing without a reply: worker/execute.py), by one, as the run goes
+        -- back to 'scheduled'; it never lowers it. A remote worker's batch says what it
+        -- likes, so the rule is kept here: within [max_attempts, max_attempts + 1] for a
+        -- run scheduled again, unchanged otherwise, and within smallint.
+        max_attempts = CASE WHEN outcome.state = 'scheduled'
+                            THEN least(greatest(outcome.max_attempts, runs.max_attempts),
+                                       runs.max_attempts + 1, 32767)
+                            ELSE runs.max_attempts END,
         scheduled_at = CASE WHEN outcome.state = 'scheduled'
                             THEN now() + make_interval(secs => outcome.delay_seconds)
                             ELSE runs.scheduled_at END,
