@@ -1,4 +1,4 @@
-"""What callers hold open costs a bounded share of an API process (DESIGN.md, invariant
+"""What callers hold open costs a bounded share of an API process (docs/architecture.md, invariant
 13): hundreds of long-polling claims and slow readers of event streams, some of them
 past their bounds, while webhooks flow through the same process.
 

@@ -1,4 +1,4 @@
-"""A worker claims only runs of tasks it has (DESIGN.md, invariant 9).
+"""A worker claims only runs of tasks it has (docs/architecture.md, invariant 9).
 
 A run of a task no live worker has waits in ``pending``, with its reason, and spends no
 attempt; a worker that has the task makes it available and runs it. With workers of

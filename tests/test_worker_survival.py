@@ -1,4 +1,4 @@
-"""No database error ends a worker (DESIGN.md, invariant 7).
+"""No database error ends a worker (docs/architecture.md, invariant 7).
 
 Each test makes the database refuse one kind of statement of a running worker (a
 trigger that raises, as a refused value or a revoked permission would), checks that the

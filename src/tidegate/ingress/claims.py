@@ -1,7 +1,7 @@
 """Remote workers' long-polling claims: how many may wait, and which a NOTIFY wakes.
 
 A claim (``POST /workers/{id}/claim``) that finds no run waits for one, up to its
-``wait_seconds``, holding no connection. What it costs is bounded (DESIGN.md, invariant
+``wait_seconds``, holding no connection. What it costs is bounded (docs/architecture.md, invariant
 13), per API process:
 
 - one claim at a time per workloop of a worker: a workloop claims for its free slots,

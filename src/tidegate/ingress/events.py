@@ -9,7 +9,7 @@ that sent them.
 Nothing polls: the stream sleeps until the completion listener says the run has news
 (new events, its end), or sends a keep-alive comment every ``KEEP_ALIVE_SECONDS``.
 
-What a stream costs is bounded (DESIGN.md, invariant 13). It reads a page of at most
+What a stream costs is bounded (docs/architecture.md, invariant 13). It reads a page of at most
 ``PAGE`` events and ``PAGE_BYTES`` bytes (the last event may pass it), and the next page
 only once the client has taken the last one (the server waits for the socket to drain):
 a slow client holds back its own stream, and holds at most a page, an event being sent

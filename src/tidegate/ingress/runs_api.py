@@ -3,7 +3,7 @@
 The super admin sees every run; a project's token sees that project's runs only (any
 other run is answered 404, as if it did not exist), and of each failed attempt the error
 (type and message) but not the traceback, which names the server's files. A single
-retry goes to the ``manual`` lane, a bulk retry to ``default`` (DESIGN.md, "Lanes").
+retry goes to the ``manual`` lane, a bulk retry to ``default`` (docs/architecture.md).
 
 Runs are answered as ``JSONResponse`` (``json.dumps``), not through FastAPI's response
 serializer: pydantic's stops at about 255 levels of nesting, and what a run holds may

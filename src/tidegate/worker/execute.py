@@ -5,7 +5,7 @@ task's ``timeout`` bounds the attempt: an async handler is cancelled, and the at
 ends once it has stopped. A thread cannot be stopped from outside, so a sync handler
 past its timeout, or still running when the worker shuts down, is waited for: its run
 stays leased and its slot taken until the thread returns. A run is never retried or
-handed back while its handler may still be executing (DESIGN.md, invariant 8).
+handed back while its handler may still be executing (docs/architecture.md, invariant 8).
 """
 
 from __future__ import annotations

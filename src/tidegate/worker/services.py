@@ -14,7 +14,7 @@
 - ``Completer``: writes outcomes in batches; fast-lane outcomes at once.
 - ``Listener``: LISTENs for ready lanes and wakes the workloops that can take them.
 
-No error from the database or the data ends a service (DESIGN.md, invariant 7): a
+No error from the database or the data ends a service (docs/architecture.md, invariant 7): a
 database error in one round is logged with its context and the round retried with a
 growing delay. Any other error is a bug: it ends the service's task, the worker stops
 cleanly, and its supervisor (``tidegate serve``) starts a new one.

@@ -1,4 +1,4 @@
--- Workers claim only runs of tasks they have (DESIGN.md, invariant 9).
+-- Workers claim only runs of tasks they have (docs/architecture.md, invariant 9).
 --
 -- A worker advertises its tasks in its row. A claim skips the runs of tasks the claimer
 -- lacks; those no live worker has go to 'pending' (0006), out of the claim's indexes,
