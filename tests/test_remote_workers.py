@@ -24,13 +24,14 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, Remote, running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
-from tidegate import NewRun, Tidegate
+from tidegate import NewRun, RunState, Tidegate
 from tidegate.ingress.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
 from tidegate.ingress.signatures import verify
 from tidegate.limits import MAX_SLOTS
 from tidegate.worker.counters import DURATION_BUCKETS
+from tidegate.worker.link import RemoteLink
 
 
 @pytest.fixture
@@ -935,3 +936,21 @@ async def test_a_claim_woken_that_leaves_without_looking_wakes_the_next() -> Non
     assert woken == ["w1", "w2"]  # the first, gone unlooked, then the next in its place
     assert not waiting[2].done()
     waiting[2].cancel()
+
+
+async def test_a_remote_worker_with_a_free_slot_takes_a_new_run_at_once_not_at_its_next_poll(
+    app: Tidegate, remote: Remote, sql: psycopg.Connection
+) -> None:
+    """A remote worker hears of new runs only through a claim waiting at the API: after
+    a claim that took fewer runs than it has free slots, the next waits there at once,
+    rather than after its poll (here 10 s), so a run enqueued meanwhile starts within
+    moments."""
+    first = app.enqueue("async_sleep", {"seconds": 5})
+    link = RemoteLink(remote.url, remote.token, 10.0)
+    async with running_worker(app, "manual>*:2", link, poll_seconds=10.0):
+        await wait_until(lambda: app.get_run(first.id).state is RunState.RUNNING, 10)  # type: ignore[union-attr]
+        second = app.enqueue("echo", {"n": 2})
+        enqueued = time.monotonic()
+        await wait_until(lambda: app.get_run(second.id).state is RunState.SUCCEEDED, 30)  # type: ignore[union-attr]
+        waited = time.monotonic() - enqueued
+    assert waited < 5, f"the second run waited {waited:.1f}s for a free slot's claim"

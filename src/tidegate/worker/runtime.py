@@ -130,6 +130,8 @@ class Workloop(Service):
         renewed meanwhile)."""
         self.backlog = True
         """Whether the last claim was full, so runs may be waiting for a free slot."""
+        self.last_claim_seconds = 0.0
+        """How long the last claim took (a remote one's long poll included)."""
         self.wake = asyncio.Event()
         self.wake.set()
         self.claim_params: dict[str, Any] = {
@@ -180,10 +182,13 @@ class Workloop(Service):
     async def run(self) -> None:
         worker = self.worker
         failures = 0
+        long_polled = False
         while not worker.stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), worker.settings.poll_seconds)
+            if not long_polled:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), worker.settings.poll_seconds)
             self.wake.clear()
+            long_polled = False
             # One turn of the loop lets the other handlers finishing now free their
             # slots too, so the claim asks for them all in one statement.
             await asyncio.sleep(0)
@@ -207,6 +212,14 @@ class Workloop(Service):
                     self.wake.set()
                     break
                 failures = 0
+                # A remote worker hears of new runs only through a claim waiting at the
+                # API (a long poll): after one that took runs, or waited its whole poll,
+                # the next goes at once, so that while a slot is free a claim always
+                # waits there. One answered empty at once (the API counts the workloop
+                # full) waits as a local loop does, whose worker's LISTEN wakes it.
+                long_polled = worker.link.remote and (
+                    bool(runs) or self.last_claim_seconds >= 0.9 * worker.settings.poll_seconds
+                )
                 # Launched in the claim's order (a run claimed ahead waits for a slot in
                 # it): the chain's named lanes first, each by rank, then the rest by rank.
                 # The claim's rows come back in id order.
@@ -237,7 +250,8 @@ class Workloop(Service):
         with span("claim", chain=">".join(self.spec.chain), demand=demand) as claiming:
             claimed = await self.worker.link.claim({**self.claim_params, "demand": demand})
             claiming.note(runs=len(claimed))
-        self.pace.claimed(time.monotonic() - started)
+        self.last_claim_seconds = time.monotonic() - started
+        self.pace.claimed(self.last_claim_seconds)
         self.worker.counters.claimed(claimed)
         return claimed
 
