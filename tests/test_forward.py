@@ -27,8 +27,8 @@ from tests.conftest import Remote, running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, create_project, create_trigger
 from tidegate import Discard, Run, RunState, Tidegate, forward
 from tidegate.forward import breaker_key_of, retry_after
-from tidegate.ingress.signatures import verify
 from tidegate.policies import set_key_policy
+from tidegate.signatures import verify
 
 SECRET = "whsec_" + base64.b64encode(b"the forwarding secret, 32 bytes!").decode()
 BODY = b'{"order":  7,\n "note": "caf\\u00e9 \xe2\x98\x95"}'

@@ -30,7 +30,7 @@ from tests.http_fixtures import (
     create_project,
     create_trigger,
 )
-from tidegate.ingress.signatures import sign
+from tidegate.signatures import sign
 
 JSON = {"Content-Type": "application/json"}
 SECRET = "whsec_" + base64.b64encode(b"a secret of thirty-two bytes!!!!").decode()

@@ -27,9 +27,9 @@ import pytest
 from tests.conftest import ROOT, Remote, running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, RunState, Tidegate
-from tidegate.ingress.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
-from tidegate.ingress.signatures import verify
+from tidegate.api.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
 from tidegate.limits import MAX_SLOTS
+from tidegate.signatures import verify
 from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.link import RemoteLink
 

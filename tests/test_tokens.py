@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import Settings
+from tidegate.api.hooks import TRIGGER_CACHE_SECONDS
 from tidegate.cli import main
-from tidegate.ingress.hooks import TRIGGER_CACHE_SECONDS
 
 SPREAD_SECONDS = 5.0
 """How long, past the trigger cache's second, a busy test machine may take to show it."""

@@ -24,8 +24,8 @@ import pytest
 from tests.conftest import wait_until
 from tests.http_fixtures import ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import NewRun, Tidegate
-from tidegate.ingress.signatures import sign
 from tidegate.schedules import create_schedule
+from tidegate.signatures import sign
 
 FORM = {"content-type": "application/x-www-form-urlencoded"}
 

@@ -2,7 +2,7 @@
 
 Each test sends real requests to real ``tidegate serve`` processes and reads what they
 wrote back: ``GET /metrics`` (``tidegate_webhooks_total``, the answer times) and the
-``request_log`` rows (ingress/ledger.py). The counts must match, request for request,
+``request_log`` rows (api/ledger.py). The counts must match, request for request,
 what the client was answered, however many API processes answered them.
 """
 
@@ -25,7 +25,7 @@ from tests.conftest import wait_until
 from tests.http_fixtures import ApiServer, create_project, create_trigger
 from tests.test_metrics import scrape, series
 from tidegate import Settings, Tidegate
-from tidegate.ingress.ledger import MAX_UNWRITTEN_REQUESTS, Ledger, LoggedRequest
+from tidegate.api.ledger import MAX_UNWRITTEN_REQUESTS, Ledger, LoggedRequest
 
 SECRET = "whsec_" + base64.b64encode(b"0123456789abcdef0123456789abcdef").decode()
 

@@ -30,7 +30,7 @@ from tests.http_fixtures import (
     create_trigger,
 )
 from tidegate import Settings, Tidegate, projects
-from tidegate.ingress.signatures import sign
+from tidegate.signatures import sign
 from tidegate.storage.sql import query
 
 SECRET = "whsec_" + base64.b64encode(b"a secret of thirty-two bytes!!!!").decode()

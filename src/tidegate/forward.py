@@ -55,10 +55,10 @@ import psycopg
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError, TidegateError
-from tidegate.ingress.signatures import sign
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import DIGITS, check_text
 from tidegate.runs import REPLY_KEY, Discard, DownstreamFailing, Retry, Run, current_run
+from tidegate.signatures import sign
 from tidegate.storage.sql import Statement, Steps
 
 log = logging.getLogger("tidegate.forward")

@@ -24,7 +24,6 @@ from psycopg.rows import dict_row
 
 from tidegate import forward
 from tidegate.errors import InputError, TidegateError
-from tidegate.ingress.signatures import check_secret
 from tidegate.limits import (
     MAX_COUNT,
     MAX_RATE,
@@ -34,6 +33,7 @@ from tidegate.limits import (
     check_numbers,
     check_text,
 )
+from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
 
 DEFAULT_PROJECT = "default"

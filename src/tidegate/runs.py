@@ -204,7 +204,7 @@ def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
 
 REPLY_KEY = "$reply"
 """A sync run's result shaped ``{"$reply": {"status", "headers", "body"}}`` is the HTTP
-reply its webhook's sender gets (ingress/hooks.py)."""
+reply its webhook's sender gets (api/hooks.py)."""
 
 
 class Retry(Exception):

@@ -149,12 +149,12 @@ def _serve_api(
     )
     os.environ.update(env)  # the API processes build their settings from it
     config = uvicorn.Config(
-        "tidegate.ingress.server:create_server",
+        "tidegate.api.kernel:create_server",
         factory=True,
         host=host,
         port=port,
         workers=settings.api_processes,
-        http="tidegate.ingress.protocol:GuardedHttpToolsProtocol",
+        http="tidegate.api.protocol:GuardedHttpToolsProtocol",
         # No route speaks WebSocket: an Upgrade request is an HTTP request like any
         # other, under the same limits, not a handshake that holds its connection.
         ws="none",

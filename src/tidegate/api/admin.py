@@ -17,11 +17,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from tidegate import forward
+from tidegate.api.auth import BEARER, current_caller
+from tidegate.api.kernel import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.app import DEFAULT_LANE
 from tidegate.errors import InputError
-from tidegate.ingress.auth import BEARER, current_caller
-from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
-from tidegate.ingress.signatures import check_secret
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     IDENTIFIER,
@@ -72,6 +71,7 @@ from tidegate.schedules import (
     list_schedules,
     update_schedule,
 )
+from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
 
 log = logging.getLogger("tidegate.ingress")

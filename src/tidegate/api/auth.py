@@ -28,7 +28,7 @@ from tidegate.projects import hash_token, new_token
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
-    from tidegate.ingress.server import Ingress
+    from tidegate.api.kernel import Ingress
 
 log = logging.getLogger("tidegate.ingress")
 BEARER = HTTPBearer(

@@ -5,7 +5,7 @@ final state. The listener resolves the futures of the requests waiting for those
 and remembers the ids it saw in the last minute: a request that starts waiting just
 after its run finished (the notification came between the commit and the wait) still
 finds it. A run's new progress events NOTIFY ``e<id>``: they wake the streams that
-``watch`` the run. No request polls. (Remote workers' claims wait in ingress/claims.py.)
+``watch`` the run. No request polls. (Remote workers' claims wait in api/claims.py.)
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from tidegate.runs import Run, run_row
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
-    from tidegate.ingress.server import Ingress
+    from tidegate.api.kernel import Ingress
 
 log = logging.getLogger("tidegate.ingress")
 

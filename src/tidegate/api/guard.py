@@ -4,7 +4,7 @@
 body or matches a route:
 
 - more than ``max_headers`` header fields: 431 (the head's size and read time are
-  bounded in ``tidegate.ingress.protocol``);
+  bounded in ``tidegate.api.protocol``);
 - a NUL character in the path or the query (``%00``): 400, PostgreSQL text cannot hold
   one, whatever parameter it would become;
 - ``/admin/*``, ``/runs*`` and ``/metrics`` (the admin's only, like ``/admin``), and
@@ -37,13 +37,13 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidegate.ingress.auth import Refused, authenticate, authenticate_worker
-from tidegate.ingress.server import database_problem, problem
+from tidegate.api.auth import Refused, authenticate, authenticate_worker
+from tidegate.api.kernel import database_problem, problem
 from tidegate.limits import whole_number
 from tidegate.ui import session
 
 if TYPE_CHECKING:
-    from tidegate.ingress.server import Ingress
+    from tidegate.api.kernel import Ingress
 
 AUTHENTICATED = ("/admin", "/runs", "/metrics")
 WORKERS = "/workers"

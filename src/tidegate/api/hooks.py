@@ -14,7 +14,7 @@ too: its run is on disk before a worker can start it, so a database crash cannot
 run that has executed (docs/guarantees.md).
 
 Every answer is counted, and a request to a known trigger that made no run is kept for
-the webhook log, by this process's ``Ledger`` (ingress/ledger.py): in memory, written
+the webhook log, by this process's ``Ledger`` (api/ledger.py): in memory, written
 about once a second after the answer, never in the request's own path.
 """
 
@@ -38,12 +38,9 @@ from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 from starlette.requests import ClientDisconnect
 
-from tidegate.errors import InputError
-from tidegate.forward import breaker_key_of
-from tidegate.ingress import events
-from tidegate.ingress.guard import CLOSE
-from tidegate.ingress.ledger import LoggedRequest
-from tidegate.ingress.server import (
+from tidegate.api import events
+from tidegate.api.guard import CLOSE
+from tidegate.api.kernel import (
     CLIENT_GONE,
     Ingress,
     client_gone,
@@ -51,10 +48,13 @@ from tidegate.ingress.server import (
     problem,
     problem_responses,
 )
-from tidegate.ingress.signatures import MisconfiguredSecret, SignatureError, verify
+from tidegate.api.ledger import LoggedRequest
+from tidegate.errors import InputError
+from tidegate.forward import breaker_key_of
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import MAX_ID, check_text, parse_json
 from tidegate.runs import REPLY_KEY, Run, RunState
+from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
 

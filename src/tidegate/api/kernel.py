@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from tidegate.api.claims import Claims
+from tidegate.api.completions import Completions
+from tidegate.api.events import Streams
+from tidegate.api.ledger import Ledger
 from tidegate.app import Tidegate
-from tidegate.ingress.claims import Claims
-from tidegate.ingress.completions import Completions
-from tidegate.ingress.events import Streams
-from tidegate.ingress.ledger import Ledger
 from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
@@ -43,7 +43,7 @@ from tidegate.storage.sql import Steps, T, adrive, query
 from tidegate.worker.services import Periodic, rescue
 
 if TYPE_CHECKING:
-    from tidegate.ingress.hooks import Trigger
+    from tidegate.api.hooks import Trigger
 
 log = logging.getLogger("tidegate.ingress")
 
@@ -194,7 +194,7 @@ class Ingress:
         dead worker's runs would otherwise count toward their caps for good."""
         self.triggers: dict[str, tuple[float, Trigger]] = {}
         """Triggers looked up lately, by token, with when each stops being used
-        (ingress/hooks.py); emptied when this process's admin API changes one."""
+        (api/hooks.py); emptied when this process's admin API changes one."""
 
     async def run(self, steps: Steps[T]) -> T:
         async with self.pool.connection() as conn:
@@ -210,7 +210,7 @@ class Ingress:
         self.completions.start()
         self.ledger.start()
         self.rescuer.start()
-        from tidegate.ingress.auth import load_admin_token
+        from tidegate.api.auth import load_admin_token
 
         await load_admin_token(self)
 
@@ -224,8 +224,8 @@ class Ingress:
 
 def create_server(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for one API process."""
-    from tidegate.ingress import admin, hooks, metrics, runs_api, workers_api
-    from tidegate.ingress.guard import Guard
+    from tidegate.api import admin, hooks, metrics, runs, workers
+    from tidegate.api.guard import Guard
     from tidegate.ui import install as install_dashboard
 
     ingress = Ingress(settings or Settings.from_env())
@@ -248,10 +248,10 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     server.state.ingress = ingress
     server.add_middleware(Guard, ingress=ingress)
     server.include_router(hooks.router)
-    server.include_router(runs_api.router)
+    server.include_router(runs.router)
     server.include_router(admin.router)
-    server.include_router(workers_api.router)
-    server.include_router(workers_api.admin_router)
+    server.include_router(workers.router)
+    server.include_router(workers.admin_router)
     server.include_router(metrics.router)
     install_dashboard(server)
 

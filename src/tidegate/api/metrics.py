@@ -31,9 +31,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from tidegate.ingress.auth import BEARER
-from tidegate.ingress.ledger import ANSWER_BUCKETS
-from tidegate.ingress.server import AUTH_RESPONSES, Ingress
+from tidegate.api.auth import BEARER
+from tidegate.api.kernel import AUTH_RESPONSES, Ingress
+from tidegate.api.ledger import ANSWER_BUCKETS
 from tidegate.settings import Settings
 from tidegate.storage.sql import Statement, Steps
 from tidegate.worker.counters import CLAIMED, DURATION_BUCKETS, Tally
@@ -96,7 +96,7 @@ class Attempts:
 
 @dataclass(frozen=True)
 class Answers:
-    """The webhooks answered alike, all API processes together (ingress/ledger.py)."""
+    """The webhooks answered alike, all API processes together (api/ledger.py)."""
 
     project: str
     """'' when the trigger was unknown, '(other)' past the busiest projects."""

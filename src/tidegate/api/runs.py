@@ -20,11 +20,11 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Requ
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from tidegate.api import events
+from tidegate.api.auth import BEARER, Caller, current_caller
+from tidegate.api.events import EVENT_STREAM
+from tidegate.api.kernel import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.errors import InputError
-from tidegate.ingress import events
-from tidegate.ingress.auth import BEARER, Caller, current_caller
-from tidegate.ingress.events import EVENT_STREAM
-from tidegate.ingress.server import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps

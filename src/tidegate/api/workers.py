@@ -36,12 +36,12 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tidegate.api.auth import BEARER, WorkerCaller
+from tidegate.api.claims import Busy
+from tidegate.api.events import disconnected, get_run
+from tidegate.api.kernel import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
-from tidegate.ingress.auth import BEARER, WorkerCaller
-from tidegate.ingress.claims import Busy
-from tidegate.ingress.events import disconnected, get_run
-from tidegate.ingress.server import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.lanes import chain_admits, parse_workloops
 from tidegate.limits import (
     MAX_DELAY_SECONDS,
@@ -311,7 +311,7 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     or with none after ``wait_seconds`` (a long poll). ``runs``: each as ``GET
     /runs/{id}`` shows it. One claim at a time per workloop, and
     ``max_claims_per_token`` per worker token, on each API process (429 past them;
-    ingress/claims.py says how a waiting claim is woken).
+    api/claims.py says how a waiting claim is woken).
 
     A ``JSONAnswer``, as the runs API's: a run may nest deeper than FastAPI's serializer
     goes (``max_json_depth`` up to 512: a 500 before), and it is cheaper (the API's CPU

@@ -527,7 +527,7 @@ CREATE TABLE worker_counters (
 
 -- Webhooks answered, by (project, mode, outcome, status), with the time to answer: each
 -- API process counts in memory and adds its counts here about once a second
--- (ingress/ledger.py), so no request writes a counter of its own. Rows are only ever
+-- (api/ledger.py), so no request writes a counter of its own. Rows are only ever
 -- added to: the sums never go back, whatever process starts or stops.
 CREATE TABLE ingress_counters (
     project  text     NOT NULL,  -- '' when the trigger is unknown
@@ -541,7 +541,7 @@ CREATE TABLE ingress_counters (
     -- trip, the run included.
     seconds  float8   NOT NULL,
     -- The requests by time to answer, one count per bucket of ANSWER_BUCKETS and one
-    -- above (ingress/ledger.py); not cumulative.
+    -- above (api/ledger.py); not cumulative.
     buckets  bigint[] NOT NULL,
     PRIMARY KEY (project, mode, outcome, status)
 );

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from tidegate.ingress.metrics import (
+from tidegate.api.metrics import (
     ACTIVE_STATES,
     COUNT_CAP,
     KEY_SCAN,

@@ -13,8 +13,8 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from tidegate.api.runs import cancel_steps, retry_steps
 from tidegate.errors import InputError
-from tidegate.ingress.runs_api import cancel_steps, retry_steps
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
 from tidegate.runs import Run, RunState, run_row
 from tidegate.storage.sql import Statement, Steps

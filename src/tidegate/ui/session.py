@@ -39,13 +39,13 @@ from psycopg.rows import dict_row
 from starlette.responses import RedirectResponse, Response
 from starlette.types import Message, Scope, Send
 
-from tidegate.ingress.auth import Caller
-from tidegate.ingress.server import problem
+from tidegate.api.auth import Caller
+from tidegate.api.kernel import problem
 from tidegate.projects import hash_token
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
-    from tidegate.ingress.server import Ingress
+    from tidegate.api.kernel import Ingress
 
 COOKIE = "tidegate_session"
 PREFIX = "/ui"

@@ -25,12 +25,12 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from tidegate.api.hooks import REPLAYABLE, Invalid, validate
 from tidegate.app import DEFAULT_LANE, NewRun
 from tidegate.errors import EnqueueError, InputError
-from tidegate.ingress.hooks import REPLAYABLE, Invalid, validate
-from tidegate.ingress.signatures import MisconfiguredSecret
 from tidegate.limits import MAX_ID, parse_json, whole_number
 from tidegate.runs import RunState
+from tidegate.signatures import MisconfiguredSecret
 from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
 

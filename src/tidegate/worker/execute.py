@@ -221,7 +221,7 @@ def _backoff(run: Run, task: Task | None, settings: Settings) -> float:
 
 def reported_outcome(run: Run, report: dict[str, Any], settings: Settings) -> Outcome:
     """The outcome a remote worker reports for its attempt of ``run``, as ``execute``
-    would have made it of what a local handler did (ingress/workers_api.py):
+    would have made it of what a local handler did (api/workers.py):
 
     - ``succeeded`` with ``result``: the handler returned it;
     - ``failed`` with ``error``: it raised (backoff, or discarded after the last attempt);

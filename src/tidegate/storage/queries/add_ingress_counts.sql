@@ -1,4 +1,4 @@
--- An API process's webhook answers since its last flush (ingress/ledger.py): added to
+-- An API process's webhook answers since its last flush (api/ledger.py): added to
 -- ingress_counters and to this minute's admission counts, and the requests kept for
 -- the webhook log inserted, in one statement. Other API processes add to the same
 -- rows: each adds in the same order, so two flushes wait for each other, never deadlock.

@@ -3,7 +3,7 @@
 -- runs it holds, extended, and the attempts it finished since its last heartbeat,
 -- added to its counters and to this minute's counts of the dashboard's charts: all in
 -- the same round trip. A remote worker (token: its worker token's name) beats through
--- the API (ingress/workers_api.py); what it holds and no longer has (cancelled, rescued)
+-- the API (api/workers.py); what it holds and no longer has (cancelled, rescued)
 -- is what it sent and is not among the renewed.
 -- The heartbeat and the leases are stamped with the time of the write, not the
 -- transaction's start: a beat that waited for a lock (a table locked for seconds) would
