@@ -41,7 +41,15 @@ from tidegate.errors import ConfigError, EnqueueError, InputError
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import check_identifier, check_json, check_lane, check_text
 from tidegate.projects import DEFAULT_PROJECT
-from tidegate.runs import Run, RunState, run_row, stored_run
+from tidegate.runs import (
+    Run,
+    RunState,
+    cancel_run,
+    get_run,
+    list_runs,
+    run_row,
+    stored_run,
+)
 from tidegate.schedules import Declared
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
@@ -422,10 +430,10 @@ class Tidegate:
 
     def get_run(self, run_id: int) -> Run | None:
         """Return one run, or ``None``."""
-        return self.execute(_first(Statement("get_run", {"id": run_id}, run_row)))
+        return self.execute(get_run(run_id))
 
     async def aget_run(self, run_id: int) -> Run | None:
-        return await self.aexecute(_first(Statement("get_run", {"id": run_id}, run_row)))
+        return await self.aexecute(get_run(run_id))
 
     def list_runs(
         self,
@@ -437,13 +445,13 @@ class Tidegate:
         limit: int = 50,
     ) -> list[Run]:
         """Return the newest runs matching every filter given."""
-        params = {"project": project, "lane": lane, "state": state, "task": task, "limit": limit}
-        return self.execute(_all(Statement("list_runs", params, run_row)))
+        return self.execute(
+            list_runs(project=project, lane=lane, state=state, task=task, limit=limit)
+        )
 
     def cancel(self, run_id: int) -> Run | None:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
-        params = {"id": run_id, "completed_channel": self.completed_channel}
-        return self.execute(_first(Statement("cancel_run", params, run_row)))
+        return self.execute(cancel_run(run_id, completed_channel=self.completed_channel))
 
     # -- key policies -------------------------------------------------------------
 
@@ -583,15 +591,6 @@ def _iso(value: Any) -> str:
     if isinstance(value, datetime):
         return value.isoformat()
     raise TypeError(f"args must be JSON: {type(value).__name__} is not")
-
-
-def _first(statement: Statement) -> Steps[Run | None]:
-    rows = yield statement
-    return rows[0] if rows else None
-
-
-def _all(statement: Statement) -> Steps[list[Run]]:
-    return (yield statement)
 
 
 def _scheduled_at(n: NewRun) -> datetime | None:

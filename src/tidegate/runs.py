@@ -24,6 +24,7 @@ from psycopg.rows import RowMaker
 
 from tidegate.errors import InputError
 from tidegate.limits import MAX_DELAY_SECONDS, check_json, check_number
+from tidegate.storage.sql import Statement, Steps
 
 MAX_PROGRESS_BYTES = 65_536
 """The largest progress event, as JSON."""
@@ -200,6 +201,56 @@ def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
         return Run(**row)
 
     return make_by_name
+
+
+def get_run(run_id: int) -> Steps[Run | None]:
+    """Read one run; ``None`` when there is none (never made, or pruned)."""
+    rows = yield Statement("get_run", {"id": run_id}, run_row)
+    return rows[0] if rows else None
+
+
+def list_runs(
+    *,
+    project: str | None = None,
+    lane: str | None = None,
+    state: str | None = None,
+    task: str | None = None,
+    limit: int = 50,
+) -> Steps[list[Run]]:
+    """Read the newest runs matching every filter given (``None``: any)."""
+    params = {"project": project, "lane": lane, "state": state, "task": task, "limit": limit}
+    return (yield Statement("list_runs", params, run_row))
+
+
+def find_runs(ids: Sequence[int]) -> Steps[list[Run]]:
+    """Read the runs of ``ids`` that exist, in no particular order."""
+    return (yield Statement("list_runs_by_id", {"ids": list(ids)}, run_row))
+
+
+def retry_runs(ids: Sequence[int], lane: str, *, channel: str) -> Steps[list[Run]]:
+    """Run the finished runs of ``ids`` again in ``lane``, and return them; the others
+    are left as they are. ``channel``: the NOTIFY channel that wakes the lane's workers
+    (``Tidegate.available_channel``).
+
+    The runs API and the dashboard's Retry button run these same steps: one run goes
+    to the ``manual`` lane, many to ``default`` (docs/architecture.md).
+    """
+    params = {"ids": list(ids), "lane": lane, "channel": channel}
+    return (yield Statement("retry_run", params, run_row))
+
+
+def cancel_run(run_id: int, *, completed_channel: str) -> Steps[Run | None]:
+    """Cancel the run if it has not finished, and return it; ``None`` if it had (or
+    there is no such run). ``completed_channel``: where a caller waiting for the run
+    hears that it ended (``Tidegate.completed_channel``).
+
+    A running attempt's worker learns it at its next heartbeat: an async handler is
+    cancelled, a sync one's outcome is not recorded (cancel_run.sql). The runs API, the
+    dashboard's Cancel button and ``Tidegate.cancel`` run these same steps.
+    """
+    params = {"id": run_id, "completed_channel": completed_channel}
+    rows = yield Statement("cancel_run", params, run_row)
+    return rows[0] if rows else None
 
 
 REPLY_KEY = "$reply"

@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import whole_number
-from tidegate.runs import Run, run_row
+from tidegate.runs import Run, get_run
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
@@ -266,11 +266,6 @@ async def _either(news: asyncio.Event, gone: asyncio.Event, timeout: float) -> b
     for wait in pending:
         wait.cancel()
     return bool(done)
-
-
-def get_run(run_id: int) -> Steps[Run | None]:
-    rows = yield Statement("get_run", {"id": run_id}, run_row)
-    return rows[0] if rows else None
 
 
 def _read_events(run_id: int, after: int) -> Steps[list[Any]]:

@@ -53,7 +53,7 @@ from tidegate.errors import InputError
 from tidegate.forward import breaker_key_of
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import MAX_ID, check_text, parse_json
-from tidegate.runs import REPLY_KEY, Run, RunState
+from tidegate.runs import REPLY_KEY, Run, RunState, get_run
 from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
@@ -472,13 +472,13 @@ async def _wait_for(
     """Wait (LISTEN, never polling) until the run finishes or ``timeout`` passes."""
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + timeout
-    run = await ingress.run(events.get_run(run_id)) if look_first else None
+    run = await ingress.run(get_run(run_id)) if look_first else None
     while run is None or not run.state.finished:
         remaining = deadline - loop_time()
         if remaining <= 0:
             break
         await ingress.completions.wait(run_id, remaining)
-        run = await ingress.run(events.get_run(run_id))
+        run = await ingress.run(get_run(run_id))
     return run
 
 

@@ -20,14 +20,14 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Path, Query, Requ
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from tidegate import runs
 from tidegate.api import events
 from tidegate.api.auth import BEARER, Caller, current_caller
 from tidegate.api.events import EVENT_STREAM
 from tidegate.api.kernel import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.errors import InputError
 from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
-from tidegate.runs import Run, RunState, run_row
-from tidegate.storage.sql import Statement, Steps
+from tidegate.runs import Run, RunState
 
 router = APIRouter(
     prefix="/runs", tags=["runs"], dependencies=[Security(BEARER)], responses=AUTH_RESPONSES
@@ -59,16 +59,12 @@ def _shown(run: Run, caller: Caller) -> dict[str, Any]:
     return data
 
 
-def _runs(name: str, params: dict[str, Any]) -> Steps[list[Run]]:
-    return (yield Statement(name, params, run_row))
-
-
 async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
     ingress: Ingress = request.app.state.ingress
-    found = await ingress.run(_runs("get_run", {"id": run_id}))
-    if not found or not (caller.admin or found[0].project == caller.project):
+    found = await ingress.run(runs.get_run(run_id))
+    if found is None or not (caller.admin or found.project == caller.project):
         raise HTTPException(404, f"no run {run_id}")
-    return found[0]
+    return found
 
 
 @router.get("/{run_id}", responses={**A_RUN, **NOT_FOUND})
@@ -149,14 +145,15 @@ async def list_runs(
         if project not in (None, caller.project):
             raise HTTPException(403, "a project token lists its own project's runs only")
         project = caller.project
-    params = {
-        "project": project,
-        "lane": lane,
-        "state": state.value if state else None,
-        "task": task,
-        "limit": limit,
-    }
-    found = await request.app.state.ingress.run(_runs("list_runs", params))
+    found = await request.app.state.ingress.run(
+        runs.list_runs(
+            project=project,
+            lane=lane,
+            state=state.value if state else None,
+            task=task,
+            limit=limit,
+        )
+    )
     return JSONResponse([_shown(run, caller) for run in found])
 
 
@@ -165,7 +162,8 @@ async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> 
     """Run a finished run again, in the ``manual`` lane."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
-    retried = await ingress.run(retry_steps(ingress, [run_id], "manual"))
+    channel = ingress.app.available_channel
+    retried = await ingress.run(runs.retry_runs([run_id], "manual", channel=channel))
     if not retried:
         raise HTTPException(409, f"run {run_id} has not finished")
     return JSONResponse(_shown(retried[0], caller))
@@ -177,9 +175,10 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
     ingress: Ingress = request.app.state.ingress
     ids = body.ids
     if not caller.admin:
-        mine = await ingress.run(_runs("list_runs_by_id", {"ids": ids}))
+        mine = await ingress.run(runs.find_runs(ids))
         ids = [run.id for run in mine if run.project == caller.project]
-    retried = await ingress.run(retry_steps(ingress, ids, "default"))
+    channel = ingress.app.available_channel
+    retried = await ingress.run(runs.retry_runs(ids, "default", channel=channel))
     return {"retried": sorted(run.id for run in retried)}
 
 
@@ -189,22 +188,8 @@ async def cancel_run(run_id: RunIdPath, request: Request, caller: Authorized) ->
     next heartbeat: an async handler is cancelled, a sync one's outcome is not recorded."""
     await _visible(request, caller, run_id)
     ingress: Ingress = request.app.state.ingress
-    cancelled = await ingress.run(cancel_steps(ingress, run_id))
-    if not cancelled:
+    channel = ingress.app.completed_channel
+    cancelled = await ingress.run(runs.cancel_run(run_id, completed_channel=channel))
+    if cancelled is None:
         raise HTTPException(409, f"run {run_id} has finished already")
-    return JSONResponse(_shown(cancelled[0], caller))
-
-
-def retry_steps(ingress: Ingress, ids: list[int], lane: str) -> Steps[list[Run]]:
-    """Run the finished runs of ``ids`` again in ``lane``; the others are left as they are.
-
-    The dashboard's Retry button runs the same steps as this API.
-    """
-    params = {"ids": ids, "lane": lane, "channel": ingress.app.available_channel}
-    return _runs("retry_run", params)
-
-
-def cancel_steps(ingress: Ingress, run_id: int) -> Steps[list[Run]]:
-    """Cancel the run if it has not finished; the dashboard's Cancel button runs these too."""
-    params = {"id": run_id, "completed_channel": ingress.app.completed_channel}
-    return _runs("cancel_run", params)
+    return JSONResponse(_shown(cancelled, caller))

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tidegate.api.auth import BEARER, WorkerCaller
 from tidegate.api.claims import Busy
-from tidegate.api.events import disconnected, get_run
+from tidegate.api.events import disconnected
 from tidegate.api.kernel import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
@@ -59,7 +59,7 @@ from tidegate.remote import (
     delete_worker_token,
     list_worker_tokens,
 )
-from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, run_row
+from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, get_run, run_row
 from tidegate.storage.sql import Statement, Steps
 from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
 from tidegate.worker.execute import reported_outcome

@@ -2,7 +2,8 @@
 
 A project's session reads its own runs only: the list is filtered by its project
 whatever the form says, and another project's run answers 404, as in the runs API.
-Retry and Cancel run the runs API's own steps (``retry_steps``, ``cancel_steps``).
+Retry and Cancel run the runs API's own steps (``tidegate.runs``: ``retry_runs``,
+``cancel_run``).
 """
 
 from __future__ import annotations
@@ -13,11 +14,9 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from tidegate.api.runs import cancel_steps, retry_steps
 from tidegate.errors import InputError
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
-from tidegate.runs import Run, RunState, run_row
-from tidegate.storage.sql import Statement, Steps
+from tidegate.runs import Run, RunState, cancel_run, get_run, retry_runs
 from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
 
@@ -102,7 +101,8 @@ async def retry(run_id: RunIdPath, request: Request, session: Current) -> Redire
     await check_csrf(request, session)
     await _visible(request, session, run_id)
     ingress = ingress_of(request)
-    if not await ingress.run(retry_steps(ingress, [run_id], "manual")):
+    channel = ingress.app.available_channel
+    if not await ingress.run(retry_runs([run_id], "manual", channel=channel)):
         raise HTTPException(409, f"run {run_id} has not finished")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
 
@@ -113,20 +113,16 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
     await check_csrf(request, session)
     await _visible(request, session, run_id)
     ingress = ingress_of(request)
-    if not await ingress.run(cancel_steps(ingress, run_id)):
+    channel = ingress.app.completed_channel
+    if await ingress.run(cancel_run(run_id, completed_channel=channel)) is None:
         raise HTTPException(409, f"run {run_id} has finished already")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
 
 
 async def _visible(request: Request, session: Session, run_id: int) -> Run:
     """The run, if the session may see it; 404 otherwise, as if it did not exist."""
-    found = await ingress_of(request).run(_get_run(run_id))
+    found = await ingress_of(request).run(get_run(run_id))
     caller = session.caller
     if found is None or not (caller.admin or found.project == caller.project):
         raise HTTPException(404, f"no run {run_id}")
     return found
-
-
-def _get_run(run_id: int) -> Steps[Run | None]:
-    found = yield Statement("get_run", {"id": run_id}, run_row)
-    return found[0] if found else None
