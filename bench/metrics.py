@@ -40,7 +40,7 @@ import psycopg
 from psycopg import sql
 
 from tidegate import Settings, Tidegate
-from tidegate.api.metrics import read_figures
+from tidegate.figures import read_figures
 from tidegate.storage.sql import drive, query
 
 LANES = {"default": 0.6, "manual": 0.2, "bulk": 0.15, "fast_lane": 0.05}

@@ -12,7 +12,7 @@ import psycopg
 
 from tests.test_claim_plan import explained, plan_nodes, rows_read
 from tidegate import Tidegate
-from tidegate.api.metrics import (
+from tidegate.figures import (
     COUNT_BUDGET,
     COUNT_CAP,
     KEY_SCAN,

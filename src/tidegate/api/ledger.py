@@ -26,17 +26,13 @@ from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
+from tidegate.figures import ANSWER_BUCKETS
 from tidegate.settings import Settings
 from tidegate.worker.counters import Tallies, Tally
 from tidegate.worker.services import Periodic, fetch
 
 log = logging.getLogger("tidegate.ingress")
 
-ANSWER_BUCKETS = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
-)  # fmt: skip
-"""Upper bounds, in seconds, of the time-to-answer histogram's buckets; one more above.
-``ingress_counters.buckets`` holds a count per bucket in this order."""
 FLUSH_SECONDS = 1.0
 MAX_UNWRITTEN_REQUESTS = 500
 MAX_UNWRITTEN_BYTES = 4 * 1024 * 1024

@@ -1,13 +1,9 @@
 """``GET /metrics``: the cluster's figures in Prometheus' text format, read at scrape time.
 
-Every figure is read from PostgreSQL when Prometheus asks (``read_figures``), so every
-API process reports the same ones and nothing resets when a process restarts or is
-counted twice across processes; the workers are seen through their rows, so they need
-no port of their own. Each statement's cost is bounded whatever the number of runs,
-lanes or projects: counts stop at ``COUNT_CAP`` (an estimate above it), and the series
-per lane and per project at ``metrics_max_lanes`` and ``metrics_max_projects``, those of
-finished attempts at ``MAX_ATTEMPT_SERIES`` (docs/metrics.md says how each figure is
-computed, what it costs, how exact it is).
+Every figure is read from PostgreSQL when Prometheus asks (``tidegate.figures``:
+``read_figures``), so every API process reports the same ones; each statement's cost is
+bounded whatever the number of runs, lanes or projects (docs/metrics.md says how each
+figure is computed, what it costs, how exact it is). This module writes them out.
 
 The route needs the super admin's token (the ``Guard`` checks it): the figures name
 projects.
@@ -16,8 +12,6 @@ projects.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
 from itertools import accumulate
 
 from fastapi import APIRouter, Request, Security
@@ -33,185 +27,14 @@ from prometheus_client.registry import Collector
 
 from tidegate.api.auth import BEARER
 from tidegate.api.kernel import AUTH_RESPONSES, Ingress
-from tidegate.api.ledger import ANSWER_BUCKETS
-from tidegate.settings import Settings
-from tidegate.storage.sql import Statement, Steps
+from tidegate.figures import WAITING_CAP, Attempts, Figures, KeyFigures, read_figures
 from tidegate.worker.counters import CLAIMED, DURATION_BUCKETS, Tally
 
-COUNT_CAP = 10_000
-"""How many runs of a lane in a state a scrape counts; a depth past it is estimated."""
-COUNT_BUDGET = 50_000
-"""How many runs a scrape counts in all; depths past it are estimated."""
-KEY_SCAN = 10_000
-"""Ready runs read, in claim order, to find the keys next in line (read_keys.sql)."""
-WAITING_CAP = 1000
-"""A key's waiting runs are counted up to this: at most ``metrics_max_keys`` keys are
-counted, so the default 100 read at most 100,000 index entries for them."""
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Prometheus' classic text format, which every version reads: the names and labels
 here are all plain ones, so ``generate_latest`` writes exactly that."""
-ACTIVE_STATES = ("scheduled", "available", "pending", "running")
-MAX_ATTEMPT_SERIES = 1000
-"""How many (task, lane, outcome) series of finished attempts a scrape reports, at most."""
 
 router = APIRouter(tags=["metrics"], dependencies=[Security(BEARER)], responses=AUTH_RESPONSES)
-
-
-@dataclass(frozen=True)
-class LaneFigures:
-    lane: str
-    depth: dict[str, int]
-    """Runs by state: exact below ``COUNT_CAP``, an estimate (at least the cap) above."""
-    lag_seconds: float
-    """How long the lane's oldest ready run has been due; 0 when none is ready."""
-
-
-@dataclass(frozen=True)
-class Workloop:
-    chain: str
-    slots: int
-    busy: int
-
-
-@dataclass(frozen=True)
-class ProjectFigures:
-    project: str
-    fast_lane_in_flight: int
-    fast_lane_cap: int
-
-
-@dataclass(frozen=True)
-class Attempts:
-    """The attempts finished in one (task, lane, outcome) series, all workers together."""
-
-    task: str
-    lane: str
-    outcome: str
-    attempts: int
-    seconds: float
-    """The attempts' handler time in all."""
-    buckets: list[int]
-    """The attempts by handler time, per bucket of ``DURATION_BUCKETS`` and one above."""
-
-
-@dataclass(frozen=True)
-class Answers:
-    """The webhooks answered alike, all API processes together (api/ledger.py)."""
-
-    project: str
-    """'' when the trigger was unknown, '(other)' past the busiest projects."""
-    mode: str
-    outcome: str
-    status: int
-    requests: int
-
-
-@dataclass(frozen=True)
-class KeyFigures:
-    """One of the busiest keys of a lane (read_keys.sql)."""
-
-    lane: str
-    key: str
-    max_running: int | None
-    weight: float
-    rate: float | None
-    rate_burst: int
-    in_flight: int | None
-    """None for a lane's default (key ``*``)."""
-    waiting: int | None
-    """Counted up to ``WAITING_CAP``; None for a lane's default."""
-    held_by: str
-    """``breaker``, ``cap``, ``rate`` or ''."""
-    breaker: str | None
-    """The key's circuit breaker, where it has a row: ``closed``, ``open``,
-    ``half_open``, ``forced_open`` or ``forced_closed``."""
-    breaker_until: datetime | None
-    """Until when an open breaker stays open."""
-
-
-@dataclass(frozen=True)
-class Figures:
-    """What one scrape read from the database."""
-
-    lanes: list[LaneFigures]
-    workers_live: int
-    heartbeat_age_seconds: float
-    workloops: list[Workloop]
-    projects: list[ProjectFigures]
-    attempts: list[Attempts]
-    webhooks: list[Answers]
-    answer_times: dict[tuple[str, ...], Tally]
-    """The time to answer by (mode, outcome), every project together."""
-    keys: list[KeyFigures]
-    schedules: dict[str, int]
-    """Schedules by state: active, paused, failing (counted up to ``COUNT_CAP``)."""
-    schedule_lag_seconds: float
-
-
-def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
-    """Each lane's depth by state and its lag (the dashboard's overview reads them too)."""
-    rows = yield Statement(
-        "read_lanes",
-        {
-            "max_lanes": settings.metrics_max_lanes,
-            "count_cap": COUNT_CAP,
-            "count_budget": COUNT_BUDGET,
-        },
-    )
-    return [
-        LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag)
-        for lane, *depths, lag in rows
-    ]
-
-
-def read_keys(project: str | None, limit: int) -> Steps[list[KeyFigures]]:
-    """The busiest ``limit`` keys: policy, runs in flight and waiting, what holds them
-    (read_keys.sql; ``project`` None reads every project's runs). The dashboard's keys
-    page reads them too."""
-    rows = yield Statement(
-        "read_keys",
-        {"project": project, "limit": limit, "scan_limit": KEY_SCAN, "waiting_cap": WAITING_CAP},
-    )
-    return [KeyFigures(*row) for row in rows]
-
-
-def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: seven statements, each bounded (see module doc)."""
-    lanes = yield from read_lanes(settings)
-    workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
-    projects = yield Statement(
-        "read_fast_lane_projects",
-        {
-            "max_projects": settings.metrics_max_projects,
-            "scan_limit": COUNT_CAP,
-            "default_cap": settings.fast_lane_cap,
-        },
-    )
-    attempts = yield Statement("read_counters", {"max_series": MAX_ATTEMPT_SERIES})
-    webhooks = yield Statement(
-        "read_ingress_counters", {"max_projects": settings.metrics_max_projects}
-    )
-    keys = (
-        (yield from read_keys(None, settings.metrics_max_keys)) if settings.metrics_max_keys else []
-    )
-    (*schedules, schedule_lag), *_ = yield Statement("read_schedules", {"count_cap": COUNT_CAP})
-    return Figures(
-        lanes=lanes,
-        workers_live=workers[0][0],
-        heartbeat_age_seconds=workers[0][1],
-        workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],
-        projects=[ProjectFigures(*row) for row in projects],
-        attempts=[Attempts(*row) for row in attempts],
-        webhooks=[Answers(*row[:5]) for kind, *row in webhooks if kind == "count"],
-        answer_times={
-            (mode, outcome): Tally(ANSWER_BUCKETS, requests, seconds, buckets)
-            for kind, _, mode, outcome, _, requests, seconds, buckets in webhooks
-            if kind == "time"
-        },
-        keys=[key for key in keys if key.key != "*"],
-        schedules=dict(zip(("active", "paused", "failing"), schedules, strict=True)),
-        schedule_lag_seconds=schedule_lag,
-    )
 
 
 class FiguresCollector(Collector):

@@ -13,11 +13,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from tidegate.api.metrics import (
+from tidegate.figures import (
     ACTIVE_STATES,
     COUNT_CAP,
     KEY_SCAN,
     WAITING_CAP,
+    fast_lane_projects,
+    list_workers,
     read_keys,
     read_lanes,
 )
@@ -152,7 +154,7 @@ async def workers(request: Request, session: Current) -> HTMLResponse:
     """Every worker row: the cluster's, so the super admin's only (404 for a project)."""
     _admin_only(session)
     ingress = ingress_of(request)
-    found = await ingress.run(rows("list_workers", {"limit": MAX_WORKERS}))
+    found = await ingress.run(list_workers(MAX_WORKERS))
     return render(
         request,
         "workers.html",
@@ -164,20 +166,12 @@ async def workers(request: Request, session: Current) -> HTMLResponse:
 @router.get("/projects")
 async def projects(request: Request, session: Current) -> HTMLResponse:
     ingress = ingress_of(request)
+    ids: list[str | None] = [session.caller.project]
     if session.caller.admin:
         busiest = await ingress.run(
-            rows(
-                "read_fast_lane_projects",
-                {
-                    "max_projects": MAX_PROJECTS,
-                    "scan_limit": COUNT_CAP,
-                    "default_cap": ingress.settings.fast_lane_cap,
-                },
-            )
+            fast_lane_projects(MAX_PROJECTS, ingress.settings.fast_lane_cap)
         )
-        ids = [row["project"] for row in busiest]
-    else:
-        ids = [session.caller.project]
+        ids = [figures.project for figures in busiest]
     found = await ingress.run(
         rows(
             "read_projects",
