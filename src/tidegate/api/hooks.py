@@ -50,13 +50,13 @@ from tidegate.api.kernel import (
 )
 from tidegate.api.ledger import LoggedRequest
 from tidegate.errors import InputError
-from tidegate.forward import breaker_key_of
 from tidegate.lanes import FAST_LANE
-from tidegate.limits import MAX_ID, check_text, parse_json
+from tidegate.limits import MAX_ID
 from tidegate.runs import REPLY_KEY, Run, RunState, get_run
-from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
+from tidegate.signatures import MisconfiguredSecret
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
+from tidegate.webhooks import Invalid, Trigger, find_trigger, validate
 
 router = APIRouter(tags=["webhooks"])
 log = logging.getLogger("tidegate.ingress")
@@ -96,105 +96,8 @@ OUTCOMES = {
 """The outcome of a request refused before admission, by its status."""
 
 
-ADMISSION_REFUSALS = frozenset(
-    {"rate_limited", "over_cap", "breaker_open", "no_worker", "no_capacity", "backlog_full"}
-)
-"""The admission's refusals (``admit_webhook``'s decisions that make no run). Each came
-after the request passed every check of its own (``validate``), for a reason of the
-moment: a limit, the workers' capacity, a breaker."""
-REPLAYABLE = ADMISSION_REFUSALS | {"replayed", "unavailable"}
-"""The outcomes of logged requests that a replay may turn into a run: those refused (or
-answered with an earlier run) after ``validate`` passed them. A request refused for its
-own content (its signature, its body, its content type) is refused again, never run."""
-
-
 class BodyTooLarge(Exception):
     pass
-
-
-class Invalid(Exception):
-    """A webhook refused for what it is (``validate``): its status, title and details."""
-
-    def __init__(self, status: int, title: str, **extra: Any) -> None:
-        super().__init__(title)
-        self.status = status
-        self.title = title
-        self.extra = extra
-
-
-def validate(
-    secret: str | None,
-    headers: Mapping[str, str],
-    body: bytes,
-    max_json_depth: int,
-    now: float | None = None,
-) -> tuple[Any, str | None]:
-    """Return a webhook's JSON and its idempotency key, or raise ``Invalid`` saying why.
-
-    The checks of a request's own content, after its size: the content type (415), the
-    JSON (400), the Standard Webhooks signature when ``secret`` is set (401, or
-    ``MisconfiguredSecret`` when the secret itself is not one), the idempotency key
-    (400). A replay from the webhook log goes through them again, with ``now`` the time
-    the request was received: a request that never passed them cannot be replayed into
-    a run. ``headers``: lower-case names, as received.
-    """
-    content_type = headers.get("content-type", "")
-    media_type = content_type.split(";", 1)[0].strip().lower()
-    if not (
-        media_type == "application/json"
-        or (media_type.startswith("application/") and media_type.endswith("+json"))
-    ):
-        raise Invalid(
-            415,
-            f"content type {media_type or '(none)'!r} is not JSON",
-            accepts=["application/json"],
-        )
-    try:
-        payload = parse_json(body, "the body", max_json_depth)
-    except InputError as error:
-        raise Invalid(400, str(error)) from None
-    if secret:
-        try:
-            verify(secret, headers, body, now)
-        except MisconfiguredSecret:
-            raise
-        except SignatureError as error:
-            raise Invalid(401, f"bad signature: {error}") from None
-        # Only what the signature covers may dedupe: a fresh Idempotency-Key on a
-        # captured request must not make it a new one.
-        idempotency_key = headers.get("webhook-id")
-    else:
-        idempotency_key = headers.get("idempotency-key") or headers.get("webhook-id")
-    if idempotency_key is not None:
-        try:
-            check_text(idempotency_key, "the idempotency key")
-        except InputError as error:
-            raise Invalid(400, str(error)) from None
-    return payload, idempotency_key
-
-
-@dataclass(frozen=True)
-class Trigger:
-    id: int
-    project: str
-    name: str
-    mode: str
-    task: str
-    secret: str | None
-    max_body_bytes: int
-    sync_timeout_seconds: float
-    enabled: bool
-    forward_url: str | None = None
-    breaker_key: str | None = None
-
-    @property
-    def run_key(self) -> str:
-        """The key of the trigger's runs: its project's, or, for a forwarding trigger,
-        its breaker key (the destination unless it names another), so that one dead
-        endpoint's circuit breaker holds back only the runs bound for it."""
-        if self.forward_url is None:
-            return self.project
-        return self.breaker_key or breaker_key_of(self.forward_url)
 
 
 @router.post(
@@ -637,17 +540,12 @@ async def _trigger(ingress: Ingress, token: str) -> Trigger | None:
     cached = ingress.triggers.get(token)
     if cached is not None and cached[0] > now:
         return cached[1]
-    found = await ingress.run(_find_trigger(token))
+    found = await ingress.run(find_trigger(token))
     if found is not None:
         if len(ingress.triggers) >= TRIGGER_CACHE_SIZE:
             ingress.triggers.clear()
         ingress.triggers[token] = (now + TRIGGER_CACHE_SECONDS, found)
     return found
-
-
-def _find_trigger(token: str) -> Steps[Trigger | None]:
-    rows = yield Statement("find_trigger", {"token": token}, dict_row)
-    return Trigger(**rows[0]) if rows else None
 
 
 def _admit(

@@ -19,7 +19,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -40,10 +40,8 @@ from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Steps, T, adrive, query
+from tidegate.webhooks import Trigger
 from tidegate.worker.services import Periodic, rescue
-
-if TYPE_CHECKING:
-    from tidegate.api.hooks import Trigger
 
 log = logging.getLogger("tidegate.ingress")
 

@@ -25,7 +25,6 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from tidegate.api.hooks import REPLAYABLE, Invalid, validate
 from tidegate.app import DEFAULT_LANE, NewRun
 from tidegate.errors import EnqueueError, InputError
 from tidegate.limits import MAX_ID, parse_json, whole_number
@@ -33,6 +32,7 @@ from tidegate.runs import RunState
 from tidegate.signatures import MisconfiguredSecret
 from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
+from tidegate.webhooks import REPLAYABLE, Invalid, validate
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]

@@ -1,0 +1,127 @@
+"""A webhook as tidegate takes it: the trigger it arrives at, the checks of its own
+content, and what the admission may answer.
+
+``POST /hooks/{token}`` (api/hooks.py) finds the trigger (``find_trigger``), checks the
+request (``validate``: content type, JSON, signature, idempotency key) and admits it in
+one statement; the dashboard's Replay (ui/triggers.py) runs the same checks again on a
+logged request before it makes a run of it, and replays only what the admission
+refused for a reason of the moment (``REPLAYABLE``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from tidegate.errors import InputError
+from tidegate.forward import breaker_key_of
+from tidegate.limits import check_text, parse_json
+from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
+from tidegate.storage.sql import Statement, Steps
+
+ADMISSION_REFUSALS = frozenset(
+    {"rate_limited", "over_cap", "breaker_open", "no_worker", "no_capacity", "backlog_full"}
+)
+"""The admission's refusals (``admit_webhook``'s decisions that make no run). Each came
+after the request passed every check of its own (``validate``), for a reason of the
+moment: a limit, the workers' capacity, a breaker."""
+REPLAYABLE = ADMISSION_REFUSALS | {"replayed", "unavailable"}
+"""The outcomes of logged requests that a replay may turn into a run: those refused (or
+answered with an earlier run) after ``validate`` passed them. A request refused for its
+own content (its signature, its body, its content type) is refused again, never run."""
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A webhook endpoint as the webhook route reads it (find_trigger.sql)."""
+
+    id: int
+    project: str
+    name: str
+    mode: str
+    task: str
+    secret: str | None
+    max_body_bytes: int
+    sync_timeout_seconds: float
+    enabled: bool
+    forward_url: str | None = None
+    breaker_key: str | None = None
+
+    @property
+    def run_key(self) -> str:
+        """The key of the trigger's runs: its project's, or, for a forwarding trigger,
+        its breaker key (the destination unless it names another), so that one dead
+        endpoint's circuit breaker holds back only the runs bound for it."""
+        if self.forward_url is None:
+            return self.project
+        return self.breaker_key or breaker_key_of(self.forward_url)
+
+
+def find_trigger(token: str) -> Steps[Trigger | None]:
+    """The trigger whose URL carries ``token``, enabled or not; ``None`` if none does."""
+    rows = yield Statement("find_trigger", {"token": token}, dict_row)
+    return Trigger(**rows[0]) if rows else None
+
+
+class Invalid(Exception):
+    """A webhook refused for what it is (``validate``): its status, title and details."""
+
+    def __init__(self, status: int, title: str, **extra: Any) -> None:
+        super().__init__(title)
+        self.status = status
+        self.title = title
+        self.extra = extra
+
+
+def validate(
+    secret: str | None,
+    headers: Mapping[str, str],
+    body: bytes,
+    max_json_depth: int,
+    now: float | None = None,
+) -> tuple[Any, str | None]:
+    """Return a webhook's JSON and its idempotency key, or raise ``Invalid`` saying why.
+
+    The checks of a request's own content, after its size: the content type (415), the
+    JSON (400), the Standard Webhooks signature when ``secret`` is set (401, or
+    ``MisconfiguredSecret`` when the secret itself is not one), the idempotency key
+    (400). A replay from the webhook log goes through them again, with ``now`` the time
+    the request was received: a request that never passed them cannot be replayed into
+    a run. ``headers``: lower-case names, as received.
+    """
+    content_type = headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if not (
+        media_type == "application/json"
+        or (media_type.startswith("application/") and media_type.endswith("+json"))
+    ):
+        raise Invalid(
+            415,
+            f"content type {media_type or '(none)'!r} is not JSON",
+            accepts=["application/json"],
+        )
+    try:
+        payload = parse_json(body, "the body", max_json_depth)
+    except InputError as error:
+        raise Invalid(400, str(error)) from None
+    if secret:
+        try:
+            verify(secret, headers, body, now)
+        except MisconfiguredSecret:
+            raise
+        except SignatureError as error:
+            raise Invalid(401, f"bad signature: {error}") from None
+        # Only what the signature covers may dedupe: a fresh Idempotency-Key on a
+        # captured request must not make it a new one.
+        idempotency_key = headers.get("webhook-id")
+    else:
+        idempotency_key = headers.get("idempotency-key") or headers.get("webhook-id")
+    if idempotency_key is not None:
+        try:
+            check_text(idempotency_key, "the idempotency key")
+        except InputError as error:
+            raise Invalid(400, str(error)) from None
+    return payload, idempotency_key
