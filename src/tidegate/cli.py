@@ -576,7 +576,7 @@ def admin_token_rotate(ctx: click.Context, /, token: str | None) -> None:
 
     A server started with TIDEGATE_ADMIN_TOKEN stores that token again when it restarts.
     """
-    from tidegate.api.auth import set_admin_token
+    from tidegate.access import set_admin_token
     from tidegate.limits import check_token
     from tidegate.projects import new_token
 

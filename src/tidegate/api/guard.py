@@ -15,9 +15,10 @@ body or matches a route:
   handlers, so a database error while looking the token up is answered here, as a
   route's would be (503 when unreachable);
 - ``/ui`` (the dashboard): the session is found from its cookie, the same way before
-  any body is read (``tidegate.ui.session.admit``): a page without one is sent to the
-  sign-in page, anything else is answered 401; every answer under ``/ui`` gets the
-  dashboard's security headers (``session.HEADERS``: CSP, no framing, nosniff);
+  any body is read (``tidegate.access.find_session``): a page without one is sent to
+  the sign-in page, anything else is answered 401, and a POST from another origin 403;
+  every answer under ``/ui`` gets the dashboard's security headers
+  (``DASHBOARD_HEADERS``: CSP, no framing, nosniff);
 - a body over its limit: 413, on ``Content-Length`` and again while it arrives (the JSON
   APIs: ``max_api_body_bytes``; the webhook route applies its trigger's own limit);
 - a body that stops arriving for ``read_timeout_seconds``, or that is not all in within
@@ -30,26 +31,46 @@ read a body it will not use.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from http.cookies import SimpleCookie
+from urllib.parse import urlsplit
 
 import psycopg
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tidegate.access import find_session
 from tidegate.api.auth import Refused, authenticate, authenticate_worker
-from tidegate.api.kernel import database_problem, problem
+from tidegate.api.kernel import Ingress, database_problem, problem
 from tidegate.limits import whole_number
-from tidegate.ui import session
-
-if TYPE_CHECKING:
-    from tidegate.api.kernel import Ingress
 
 AUTHENTICATED = ("/admin", "/runs", "/metrics")
 WORKERS = "/workers"
 """The remote workers' protocol: a worker token, not an admin's or a project's."""
 ADMIN_ONLY = ("/admin", "/metrics")
 CLOSE = {"Connection": "close"}
+DASHBOARD = "/ui"
+DASHBOARD_PUBLIC = ("/ui/login", "/ui/static/")
+"""Paths under /ui that need no session: the sign-in page, the scripts and styles."""
+COOKIE = "tidegate_session"
+"""The cookie that holds a dashboard session's id (ui/session.py sets it)."""
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+"""What a dashboard page may load and do: its own scripts, styles and requests, nothing
+inline (no template has an inline script, style or event handler, and htmx is told not
+to add its indicator style: base.html's htmx-config), no other site, and no frame around
+it. A script injected into a page despite the escaping would not run."""
+DASHBOARD_HEADERS = [
+    (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+"""Sent with every answer under /ui (pages, fragments, static files, redirects, refusals):
+no other site may frame the dashboard (clickjacking a Retry or a Replay), no file is
+read as another type than it is sent as, and no run's URL leaves in a Referer."""
 
 
 class BodyTooLarge(HTTPException):
@@ -79,8 +100,8 @@ class Guard:
             return
         settings = self.ingress.settings
         path: str = scope["path"]
-        if session.is_dashboard(path):
-            send = session.with_headers(send)  # its refusals below included
+        if is_dashboard(path):
+            send = with_dashboard_headers(send)  # its refusals below included
         headers = {name.decode("latin-1"): value for name, value in scope["headers"]}
         length = headers.get("content-length", b"")
         with_body = bool(length.strip(b"0")) or b"chunked" in headers.get("transfer-encoding", b"")
@@ -102,9 +123,9 @@ class Guard:
                 refusal = (refused.status, refused.title, challenge)
             except psycopg.Error as error:
                 answer = database_problem(error, scope["method"], path)
-        elif refusal is None and session.is_dashboard(path):
+        elif refusal is None and is_dashboard(path):
             try:
-                answer = await session.admit(self.ingress, scope, headers)
+                answer = await admit_dashboard(self.ingress, scope, headers)
             except psycopg.Error as error:
                 answer = database_problem(error, scope["method"], path)
         limit = None if path.startswith("/hooks/") else settings.max_api_body_bytes
@@ -146,6 +167,75 @@ class Guard:
         if length and declared is None:
             return 400, "Content-Length is not a number", {}
         return None
+
+
+def is_dashboard(path: str) -> bool:
+    return path == DASHBOARD or path.startswith(DASHBOARD + "/")
+
+
+def with_dashboard_headers(send: Send) -> Send:
+    """``send`` that adds ``DASHBOARD_HEADERS`` to the answer it starts."""
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), *DASHBOARD_HEADERS]
+        await send(message)
+
+    return sending
+
+
+async def admit_dashboard(
+    ingress: Ingress, scope: Scope, headers: dict[str, bytes]
+) -> Response | None:
+    """Put a dashboard request's session on its state (``caller``: the ``Caller``,
+    ``ui_session``: the ``Session``), or return the answer that refuses it.
+
+    A page asked for by a browser without a live session is sent to ``/ui/login``
+    (303); a fragment (``HX-Request``), the JSON API or a POST gets 401. An anonymous
+    POST costs one primary-key probe and never a body.
+    """
+    path: str = scope["path"]
+    if scope["method"] == "POST" and not same_origin(headers):
+        return problem(403, "a cross-site request to the dashboard")
+    if path.startswith(DASHBOARD_PUBLIC):
+        return None
+    session_id = cookie_value(headers.get("cookie", b""))
+    found = await ingress.run(find_session(session_id)) if session_id else None
+    if found is None:
+        fragment = "hx-request" in headers or path.startswith(("/ui/api/", "/ui/fragments/"))
+        if fragment or scope["method"] not in ("GET", "HEAD"):
+            return problem(401, "not signed in (or the session has expired)")
+        return RedirectResponse("/ui/login", status_code=303)
+    state = scope.setdefault("state", {})
+    state["caller"] = found.caller
+    state["ui_session"] = found
+    return None
+
+
+def same_origin(headers: dict[str, bytes]) -> bool:
+    """Whether a browser's ``Origin`` (when it sends one) is this server's own ``Host``.
+
+    Checked on every POST to the dashboard, the sign-in included, which has no session
+    and so no CSRF token yet: another site cannot sign a visitor in with a token of its
+    choosing.
+    """
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    return urlsplit(origin.decode("latin-1")).netloc == headers.get("host", b"").decode("latin-1")
+
+
+def cookie_value(header: bytes) -> str | None:
+    """The session id in a ``Cookie`` header, if any (bounded: no longer than a token)."""
+    cookies: SimpleCookie = SimpleCookie()
+    try:
+        cookies.load(header.decode("latin-1"))
+    except Exception:  # a malformed Cookie header is no session, not a 500
+        return None
+    morsel = cookies.get(COOKIE)
+    if morsel is None or not 0 < len(morsel.value) <= 128:
+        return None
+    return morsel.value
 
 
 class GuardedBody:

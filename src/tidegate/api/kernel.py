@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from tidegate.access import ensure_admin_token
 from tidegate.api.claims import Claims
 from tidegate.api.completions import Completions
 from tidegate.api.events import Streams
@@ -208,9 +209,15 @@ class Ingress:
         self.completions.start()
         self.ledger.start()
         self.rescuer.start()
-        from tidegate.api.auth import load_admin_token
-
-        await load_admin_token(self)
+        generated = await self.run(ensure_admin_token(self.settings.admin_token))
+        if generated is not None:
+            # Through the log, in its format (one JSON object per line with --log-format
+            # json): the operator reads it where every other start-up line goes.
+            log.warning(
+                "generated the super admin token (shown only now): %s; it is kept (hashed) "
+                "in the database, `tidegate admin-token rotate` replaces it",
+                generated,
+            )
 
     async def stop(self) -> None:
         await self.completions.stop()

@@ -21,8 +21,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tidegate import runs
+from tidegate.access import Caller
 from tidegate.api import events
-from tidegate.api.auth import BEARER, Caller, current_caller
+from tidegate.api.auth import BEARER, current_caller
 from tidegate.api.events import EVENT_STREAM
 from tidegate.api.kernel import AUTH_RESPONSES, Ingress, problem_responses
 from tidegate.errors import InputError

@@ -36,7 +36,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Res
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tidegate.api.auth import BEARER, WorkerCaller
+from tidegate.access import WorkerCaller
+from tidegate.api.auth import BEARER
 from tidegate.api.claims import Busy
 from tidegate.api.events import disconnected
 from tidegate.api.kernel import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses

@@ -5,8 +5,8 @@ Jinja2 templates, kept fresh by htmx fragments, with uPlot charts; both are vend
 under ``static/``, so the dashboard works offline and needs no build step.
 
 Access (docs/dashboard.md): sign in at ``/ui/login`` with the super admin's token or a
-project's; the session lives in a cookie (``tidegate.ui.session``), found by the
-``Guard`` before any body is read. A project's session sees its own project only:
+project's; the session lives in a cookie (ui/session.py), found by the ``Guard``
+(api/guard.py) before any body is read. A project's session sees its own project only:
 every statement of every page is filtered by it, and another project's run, trigger
 or request answers 404. Every POST carries the session's CSRF token.
 """

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
+from tidegate.access import Session, close_session, find_caller, open_session
 from tidegate.figures import (
     ACTIVE_STATES,
     COUNT_CAP,
@@ -27,13 +28,9 @@ from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
 from tidegate.schedules import list_schedules
 from tidegate.ui.session import (
     Current,
-    Session,
     check_csrf,
     clear_cookie,
-    close_session,
-    find_token_holder,
     ingress_of,
-    open_session,
     read_form,
     rows,
     set_cookie,
@@ -72,7 +69,7 @@ async def login(request: Request) -> Response:
     ingress = ingress_of(request)
     caller = None
     if 0 < len(token) <= MAX_TOKEN_CHARS:
-        caller = await ingress.run(find_token_holder(token))
+        caller = await ingress.run(find_caller(token))
     if caller is None:
         return render(request, "login.html", 401, message="Unknown token.")
     seconds = ingress.settings.ui_session_seconds

@@ -14,10 +14,11 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from tidegate.access import Session
 from tidegate.errors import InputError
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
 from tidegate.runs import Run, RunState, cancel_run, get_run, retry_runs
-from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
+from tidegate.ui.session import Current, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from tidegate.ui.session import Session
+from tidegate.access import Session
 
 ENVIRONMENT = Environment(
     loader=PackageLoader("tidegate.ui", "templates"),

@@ -25,12 +25,13 @@ from urllib.parse import urlencode
 from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from tidegate.access import Session
 from tidegate.app import DEFAULT_LANE, NewRun
 from tidegate.errors import EnqueueError, InputError
 from tidegate.limits import MAX_ID, parse_json, whole_number
 from tidegate.runs import RunState
 from tidegate.signatures import MisconfiguredSecret
-from tidegate.ui.session import Current, Session, check_csrf, ingress_of, rows
+from tidegate.ui.session import Current, check_csrf, ingress_of, rows
 from tidegate.ui.templating import render
 from tidegate.webhooks import REPLAYABLE, Invalid, validate
 
