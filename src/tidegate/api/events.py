@@ -13,16 +13,13 @@ What a stream costs is bounded (docs/architecture.md, invariant 13). It reads a 
 ``PAGE`` events and ``PAGE_BYTES`` bytes (the last event may pass it), and the next page
 only once the client has taken the last one (the server waits for the socket to drain):
 a slow client holds back its own stream, and holds at most a page, an event being sent
-and the socket's send buffer of the server's memory. ``Streams`` bounds how many streams
-an API process serves (``max_streams``, 503 past it) and how many one caller holds
-(``max_streams_per_caller``, 429): a caller is a token (the super admin's, a project's),
-or for sync webhooks the trigger's project.
+and the socket's send buffer of the server's memory. ``Streams`` (api/streams.py) bounds
+how many streams an API process serves and how many one caller holds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 from collections.abc import AsyncGenerator, Callable
@@ -48,15 +45,9 @@ PAGE_BYTES = 64 * 1024
 """The most bytes of events a page holds, but for its last event (up to 64 KiB of JSON,
 ``MAX_PROGRESS_BYTES``): 100 events of 60 KiB were 6 MB held per slow reader."""
 KEEP_ALIVE_SECONDS = 15.0
-STREAMS_RETRY_SECONDS = 5
-"""Retry-After for a stream over its bounds: a stream ends with its run (a sync webhook's
-at its trigger's timeout), so a place frees within seconds on a busy process."""
 EVENT_STREAM = "text/event-stream"
 END_ID = "end"
 """The id of a stream's last event: a client that comes back with it has seen the end."""
-TRIM_SECONDS = 2.0
-MALLOC_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)
-"""glibc's (the process's own symbols hold it); None where the C library has none."""
 STREAM_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 """No cache may keep the stream, and no proxy buffer it (nginx reads the second)."""
 
@@ -86,61 +77,6 @@ def sse(event: str, data: str, event_id: str | None = None) -> bytes:
     """One server-sent event; ``data`` is one line (JSON text)."""
     head = f"event: {event}\n" + (f"id: {event_id}\n" if event_id is not None else "")
     return f"{head}data: {data}\n\n".encode()
-
-
-class Full(Exception):
-    """No place for another stream: ``status`` 429 (the caller's) or 503 (the process's)."""
-
-    def __init__(self, status: int, title: str) -> None:
-        super().__init__(title)
-        self.status = status
-        self.title = title
-        self.headers = {"Retry-After": str(STREAMS_RETRY_SECONDS)}
-
-
-class Streams:
-    """The event streams an API process serves, in all and by caller.
-
-    What a stream held is freed when it ends, but glibc keeps freed memory for the
-    process, to reuse: 500 slow readers of 60 KiB events left the API 75 MB larger once
-    they had all gone. ``malloc_trim`` gives it back to the system, once streams have
-    ended and at most every ``TRIM_SECONDS`` (it took 16 ms for 140 MB)."""
-
-    def __init__(self, most: int, per_caller: int) -> None:
-        self.most = most
-        self.per_caller = per_caller
-        self.callers: dict[str, int] = {}
-        self.open = 0
-        self.trim: asyncio.TimerHandle | None = None
-
-    def take(self, caller: str) -> Callable[[], None]:
-        """Take a place for a stream of ``caller``; return what gives it back (once,
-        however often it is called). ``Full`` when there is none."""
-        if self.callers.get(caller, 0) >= self.per_caller:
-            raise Full(429, f"this caller has {self.per_caller} event streams open, its most")
-        if self.open >= self.most:
-            raise Full(503, f"this server has {self.most} event streams open, its most")
-        self.callers[caller] = self.callers.get(caller, 0) + 1
-        self.open += 1
-        given: list[bool] = []
-
-        def give_back() -> None:
-            if given:
-                return
-            given.append(True)
-            self.open -= 1
-            self.callers[caller] -= 1
-            if not self.callers[caller]:
-                del self.callers[caller]
-            if self.trim is None and MALLOC_TRIM is not None:
-                self.trim = asyncio.get_running_loop().call_later(TRIM_SECONDS, self._trim)
-
-        return give_back
-
-    def _trim(self) -> None:
-        self.trim = None
-        if MALLOC_TRIM is not None:
-            MALLOC_TRIM(0)
 
 
 class EventStream(Response):

@@ -49,6 +49,7 @@ from tidegate.api.kernel import (
     problem_responses,
 )
 from tidegate.api.ledger import LoggedRequest
+from tidegate.api.streams import Full
 from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import MAX_ID
@@ -252,7 +253,7 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
         # request, which any sender can make, streams too).
         try:
             give_back = ingress.streams.take(f"hooks:{trigger.project}")
-        except events.Full as full:
+        except Full as full:
             note.outcome = "too_many_streams"
             return problem(full.status, full.title, full.headers)
 

@@ -34,8 +34,8 @@ from starlette.requests import ClientDisconnect
 from tidegate.access import ensure_admin_token
 from tidegate.api.claims import Claims
 from tidegate.api.completions import Completions
-from tidegate.api.events import Streams
 from tidegate.api.ledger import Ledger
+from tidegate.api.streams import Streams
 from tidegate.app import Tidegate
 from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient

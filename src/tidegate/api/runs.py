@@ -26,6 +26,7 @@ from tidegate.api import events
 from tidegate.api.auth import BEARER, current_caller
 from tidegate.api.events import EVENT_STREAM
 from tidegate.api.kernel import AUTH_RESPONSES, Ingress, problem_responses
+from tidegate.api.streams import Full
 from tidegate.errors import InputError
 from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
 from tidegate.runs import Run, RunState
@@ -120,7 +121,7 @@ async def stream_run_events(
     ingress: Ingress = request.app.state.ingress
     try:
         give_back = ingress.streams.take(f"token:{caller.project or '(admin)'}")
-    except events.Full as full:
+    except Full as full:
         raise HTTPException(full.status, full.title, full.headers) from None
     return events.EventStream(
         lambda gone: events.run_events(ingress, run.id, run.lane, after, end, gone), {}, give_back
