@@ -18,7 +18,7 @@ import uvicorn
 from tests.conftest import running_worker, wait_until
 from tests.http_fixtures import ADMIN_TOKEN, create_project, create_trigger, free_port
 from tidegate import NewRun, Tidegate
-from tidegate.api.kernel import create_server
+from tidegate.api.server import create_server
 
 trace = pytest.importorskip("opentelemetry.trace")
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")

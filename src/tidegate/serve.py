@@ -149,7 +149,7 @@ def _serve_api(
     )
     os.environ.update(env)  # the API processes build their settings from it
     config = uvicorn.Config(
-        "tidegate.api.kernel:create_server",
+        "tidegate.api.server:create_server",
         factory=True,
         host=host,
         port=port,

@@ -1,35 +1,31 @@
-"""The HTTP server: ``POST /hooks/{token}``, the runs and admin APIs, health checks.
+"""What every route of the HTTP API needs: the API process's state, and its answers.
 
-Build it with ``create_server()`` (settings from ``TIDEGATE_*``), which is what
-``tidegate serve`` hands to uvicorn, one instance per API process. Each process keeps a
-small async pool and one LISTEN connection for sync replies; nothing it holds in memory
-is needed by another process to be correct.
+- ``Ingress``: what one API process holds: settings, a pool, the completion listener,
+  the remote workers' waiting claims, the event streams' places, the ledger of webhook
+  answers, the rescuer, the trigger cache. ``create_server`` (api/server.py) makes one
+  per process and puts it on ``app.state.ingress``; a route finds it there.
+- Errors are short JSON problem bodies (RFC 9457): ``{"title": ..., "status": ...}``
+  (``problem``). Bad input gets a 4xx; an unreachable database a 503 with
+  ``Retry-After`` (``database_problem``); a 500 is a bug. ``problem_responses``,
+  ``COMMON_RESPONSES`` and ``AUTH_RESPONSES`` document them in the OpenAPI document.
+- ``JSONAnswer``: JSON that carries a user's values (a run's args and result), at any
+  depth the bounds allow.
 
-Errors are short JSON problem bodies (RFC 9457): ``{"title": ..., "status": ...}``.
-Bad input gets a 4xx; an unreachable database a 503 with ``Retry-After``; a 500 is a bug.
-The ``Guard`` middleware refuses what needs no route (docs/security.md), and ``/docs``
-serves its assets from the package, so it works offline.
+Every router imports this module; it imports no router (tests/test_layout.py).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
 import psycopg
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi_offline import FastAPIOffline
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
 from tidegate.access import ensure_admin_token
 from tidegate.api.claims import Claims
@@ -39,8 +35,7 @@ from tidegate.api.streams import Streams
 from tidegate.app import Tidegate
 from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
-from tidegate.storage.migrate import latest_version
-from tidegate.storage.sql import Steps, T, adrive, query
+from tidegate.storage.sql import Steps, T, adrive
 from tidegate.webhooks import Trigger
 from tidegate.worker.services import Periodic, rescue
 
@@ -225,91 +220,3 @@ class Ingress:
         await self.ledger.stop()
         await self.rescuer.stop()
         await self.pool.close()
-
-
-def create_server(settings: Settings | None = None) -> FastAPI:
-    """Build the ASGI app for one API process."""
-    from tidegate.api import admin, hooks, metrics, runs, workers
-    from tidegate.api.guard import Guard
-    from tidegate.ui import install as install_dashboard
-
-    ingress = Ingress(settings or Settings.from_env())
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await ingress.start()
-        try:
-            yield
-        finally:
-            await ingress.stop()
-
-    server = FastAPIOffline(
-        title="tidegate",
-        summary="Webhook ingress with admission control, runs on PostgreSQL",
-        version="0.1.0",
-        lifespan=lifespan,
-        responses=COMMON_RESPONSES,
-    )
-    server.state.ingress = ingress
-    server.add_middleware(Guard, ingress=ingress)
-    server.include_router(hooks.router)
-    server.include_router(runs.router)
-    server.include_router(admin.router)
-    server.include_router(workers.router)
-    server.include_router(workers.admin_router)
-    server.include_router(metrics.router)
-    install_dashboard(server)
-
-    @server.exception_handler(psycopg.Error)
-    async def database_error(request: Request, error: psycopg.Error) -> JSONResponse:
-        return database_problem(error, request.method, request.url.path)
-
-    @server.exception_handler(ClientDisconnect)
-    async def disconnected(request: Request, _: ClientDisconnect) -> JSONResponse:
-        return client_gone(request.method, request.url.path)
-
-    @server.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
-        return problem(error.status_code, str(error.detail), dict(error.headers or {}))
-
-    @server.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        return problem(422, "invalid request", errors=jsonable_errors(error))
-
-    @server.get("/healthz", tags=["health"])
-    async def healthz() -> dict[str, str]:
-        """The process is up (it does not look at the database)."""
-        return {"status": "ok"}
-
-    @server.get("/readyz", tags=["health"])
-    async def readyz() -> JSONResponse:
-        """Ready to serve webhooks: the database answers, its schema is the one this code
-        needs, and at least one worker is alive (it heartbeated within three intervals).
-
-        With no live worker, async webhooks would still be accepted, but nothing would
-        run them and every sync webhook would be refused: that is not ready.
-        """
-        async with ingress.pool.connection() as conn:
-            cursor = await conn.execute(
-                query("check_ready"), {"live_seconds": 3 * ingress.settings.heartbeat_seconds}
-            )
-            row = await cursor.fetchone()
-        version, workers = (row[0], row[1]) if row else (0, 0)
-        wanted = latest_version()
-        retry = {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
-        if version != wanted:
-            return problem(
-                503, f"schema is at version {version}, this server needs {wanted}", retry
-            )
-        if not workers:
-            return problem(503, "no live worker", retry, schema_version=version, workers=0)
-        return JSONResponse({"status": "ready", "schema_version": version, "workers": workers})
-
-    return server
-
-
-def jsonable_errors(error: RequestValidationError) -> list[dict[str, Any]]:
-    return [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-        for e in error.errors()
-    ]

@@ -1,0 +1,94 @@
+"""The HTTP server: ``create_server`` assembles the API's routers, the ``Guard`` and the
+dashboard into the ASGI app of one API process.
+
+``tidegate serve`` hands ``create_server`` (settings from ``TIDEGATE_*``) to uvicorn,
+one instance per API process. Each process keeps a small async pool and one LISTEN
+connection for sync replies; nothing it holds in memory is needed by another process to
+be correct. The ``Guard`` middleware refuses what needs no route (docs/security.md),
+and ``/docs`` serves its assets from the package, so it works offline.
+
+This is the only module that imports the routers (and the dashboard's ``install``);
+nothing but ``tidegate serve`` and the tests imports it (tests/test_layout.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+from tidegate.api import admin, health, hooks, metrics, runs, workers
+from tidegate.api.guard import Guard
+from tidegate.api.kernel import (
+    COMMON_RESPONSES,
+    Ingress,
+    client_gone,
+    database_problem,
+    problem,
+)
+from tidegate.settings import Settings
+from tidegate.ui import install as install_dashboard
+
+
+def create_server(settings: Settings | None = None) -> FastAPI:
+    """Build the ASGI app for one API process."""
+    ingress = Ingress(settings or Settings.from_env())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await ingress.start()
+        try:
+            yield
+        finally:
+            await ingress.stop()
+
+    server = FastAPIOffline(
+        title="tidegate",
+        summary="Webhook ingress with admission control, runs on PostgreSQL",
+        version="0.1.0",
+        lifespan=lifespan,
+        responses=COMMON_RESPONSES,
+    )
+    server.state.ingress = ingress
+    server.add_middleware(Guard, ingress=ingress)
+    server.include_router(hooks.router)
+    server.include_router(runs.router)
+    server.include_router(admin.router)
+    server.include_router(workers.router)
+    server.include_router(workers.admin_router)
+    server.include_router(metrics.router)
+    install_dashboard(server)
+    server.include_router(health.router)
+
+    @server.exception_handler(psycopg.Error)
+    async def database_error(request: Request, error: psycopg.Error) -> JSONResponse:
+        return database_problem(error, request.method, request.url.path)
+
+    @server.exception_handler(ClientDisconnect)
+    async def disconnected(request: Request, _: ClientDisconnect) -> JSONResponse:
+        return client_gone(request.method, request.url.path)
+
+    @server.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        return problem(error.status_code, str(error.detail), dict(error.headers or {}))
+
+    @server.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+        return problem(422, "invalid request", errors=jsonable_errors(error))
+
+    return server
+
+
+def jsonable_errors(error: RequestValidationError) -> list[dict[str, Any]]:
+    return [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in error.errors()
+    ]
