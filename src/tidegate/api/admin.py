@@ -18,7 +18,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 
 from tidegate import forward
 from tidegate.api.auth import BEARER, current_caller
-from tidegate.api.kernel import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
+from tidegate.api.kernel import AUTH_RESPONSES, Api, JSONAnswer, problem_responses
 from tidegate.app import DEFAULT_LANE
 from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
@@ -194,7 +194,7 @@ class NewTrigger(TriggerFields):
 
 
 async def _apply(request: Request, steps: Steps[Any]) -> Any:
-    ingress: Ingress = request.app.state.ingress
+    ingress: Api = request.app.state.api
     try:
         return await ingress.run(steps)
     except psycopg.errors.IntegrityError as error:
@@ -217,7 +217,7 @@ async def _shown(request: Request, trigger: dict[str, Any]) -> dict[str, Any]:
     Not an error: a fleet may be mid-deploy. But a typo in a task's name would otherwise
     only show once webhooks wait (async) or are refused (sync).
     """
-    ingress: Ingress = request.app.state.ingress
+    ingress: Api = request.app.state.api
     lane = FAST_LANE if trigger["mode"] == "sync" else DEFAULT_LANE
     params = {
         "lanes": [lane],
@@ -239,7 +239,7 @@ def _own_addresses(request: Request) -> set[tuple[str, int]]:
     """Where this server is reached: the address the admin's request came to (its
     ``Host``), and the one it listens on (every loopback name, listening on loopback or
     on every address). A forward URL to a ``/hooks/`` path there would loop."""
-    settings = request.app.state.ingress.settings
+    settings = request.app.state.api.settings
     came_to = forward.address_of(str(request.url))
     return {came_to, *forward.own_addresses(settings.host, settings.port)}
 
@@ -322,7 +322,7 @@ async def post_trigger_rotation(
     within a second in every other API process (each keeps a trigger it looked up for
     up to a second)."""
     rotated = await _apply(request, rotate_trigger_token(project_id, name))
-    request.app.state.ingress.triggers.clear()  # this process drops the old URL at once
+    request.app.state.api.triggers.clear()  # this process drops the old URL at once
     return await _shown(request, rotated)
 
 
@@ -332,7 +332,7 @@ async def patch_trigger(
 ) -> dict[str, Any]:
     changes = body.model_dump(exclude_unset=True)
     updated = await _apply(request, update_trigger(trigger_id, _own_addresses(request), **changes))
-    request.app.state.ingress.triggers.clear()  # this process uses the change at once
+    request.app.state.api.triggers.clear()  # this process uses the change at once
     return await _shown(request, updated)
 
 
@@ -461,7 +461,7 @@ async def post_schedule(
 ) -> JSONAnswer:
     """Create a schedule: a cron expression or an interval; its first tick is after now."""
     fields = body.model_dump(exclude_unset=True, exclude={"name", "task"})
-    depth = request.app.state.ingress.settings.max_json_depth
+    depth = request.app.state.api.settings.max_json_depth
     steps = create_schedule(project_id, body.name, body.task, max_json_depth=depth, **fields)
     return JSONAnswer(await _apply(request, steps), status_code=201)
 
@@ -490,7 +490,7 @@ async def patch_schedule(
 ) -> JSONAnswer:
     """Change a schedule; ``{"paused": true}`` pauses it, ``false`` resumes it from the
     first tick after now. A schedule declared in code can only be paused or resumed."""
-    depth = request.app.state.ingress.settings.max_json_depth
+    depth = request.app.state.api.settings.max_json_depth
     changes = body.model_dump(exclude_unset=True)
     steps = update_schedule(project_id, name, max_json_depth=depth, **changes)
     return JSONAnswer(await _apply(request, steps))

@@ -18,7 +18,7 @@ from fastapi.security import HTTPBearer
 from tidegate.access import Caller, WorkerCaller, find_caller, find_worker_token
 
 if TYPE_CHECKING:
-    from tidegate.api.kernel import Ingress
+    from tidegate.api.kernel import Api
 
 BEARER = HTTPBearer(
     auto_error=False,
@@ -45,9 +45,9 @@ def _bearer(authorization: str | None) -> str:
     return token
 
 
-async def authenticate(ingress: Ingress, authorization: str | None, *, admin: bool) -> Caller:
+async def authenticate(api: Api, authorization: str | None, *, admin: bool) -> Caller:
     """Return who holds the bearer token of ``authorization``, or raise ``Refused``."""
-    caller = await ingress.run(find_caller(_bearer(authorization)))
+    caller = await api.run(find_caller(_bearer(authorization)))
     if caller is None:
         raise Refused(403, "unknown token")
     if admin and not caller.admin:
@@ -55,9 +55,9 @@ async def authenticate(ingress: Ingress, authorization: str | None, *, admin: bo
     return caller
 
 
-async def authenticate_worker(ingress: Ingress, authorization: str | None) -> WorkerCaller:
+async def authenticate_worker(api: Api, authorization: str | None) -> WorkerCaller:
     """Return the worker token of ``authorization``, or raise ``Refused``."""
-    fleet = await ingress.run(find_worker_token(_bearer(authorization)))
+    fleet = await api.run(find_worker_token(_bearer(authorization)))
     if fleet is None:
         raise Refused(403, "unknown worker token")
     return fleet

@@ -36,7 +36,7 @@ from tidegate.runs import Run, get_run
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
-    from tidegate.api.kernel import Ingress
+    from tidegate.api.kernel import Api
 
 log = logging.getLogger("tidegate.ingress")
 
@@ -130,7 +130,7 @@ async def disconnected(receive: Receive) -> None:
 
 
 async def run_events(
-    ingress: Ingress,
+    api: Api,
     run_id: int,
     lane: str,
     after: int,
@@ -152,13 +152,13 @@ async def run_events(
     deadline = None if timeout is None else loop.time() + timeout
     watched = lane == FAST_LANE  # its end NOTIFYs anyway
     try:
-        with ingress.completions.watch(run_id) as news:
+        with api.completions.watch(run_id) as news:
             while not gone.is_set():
                 news.clear()
-                run = await ingress.run(get_run(run_id))
+                run = await api.run(get_run(run_id))
                 full = True
                 while full and not gone.is_set():
-                    events = await ingress.run(_read_events(run_id, after))
+                    events = await api.run(_read_events(run_id, after))
                     full = len(events) == PAGE or bool(events and events[-1][4] >= PAGE_BYTES)
                     while events:  # each event let go once sent
                         event_id, attempt, at, data, _ = events.pop(0)
@@ -178,7 +178,7 @@ async def run_events(
                     yield end(run)
                     return
                 if not watched:
-                    await ingress.run(_watch(run_id))
+                    await api.run(_watch(run_id))
                     watched = True
                     continue  # look again: it may have finished before it was watched
                 wait = KEEP_ALIVE_SECONDS

@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tidegate.access import find_session
 from tidegate.api.auth import Refused, authenticate, authenticate_worker
-from tidegate.api.kernel import Ingress, database_problem, problem
+from tidegate.api.kernel import Api, database_problem, problem
 from tidegate.limits import whole_number
 
 AUTHENTICATED = ("/admin", "/runs", "/metrics")
@@ -90,15 +90,15 @@ class BodyTooSlow(HTTPException):
 class Guard:
     """ASGI middleware: NUL in the URL, authentication, body limits and timeouts."""
 
-    def __init__(self, app: ASGIApp, ingress: Ingress) -> None:
+    def __init__(self, app: ASGIApp, api: Api) -> None:
         self.app = app
-        self.ingress = ingress
+        self.api = api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        settings = self.ingress.settings
+        settings = self.api.settings
         path: str = scope["path"]
         if is_dashboard(path):
             send = with_dashboard_headers(send)  # its refusals below included
@@ -112,10 +112,10 @@ class Guard:
             authorization = headers.get("authorization", b"").decode("latin-1")
             try:
                 if path.startswith(WORKERS):
-                    caller: object = await authenticate_worker(self.ingress, authorization)
+                    caller: object = await authenticate_worker(self.api, authorization)
                 else:
                     caller = await authenticate(
-                        self.ingress, authorization, admin=path.startswith(ADMIN_ONLY)
+                        self.api, authorization, admin=path.startswith(ADMIN_ONLY)
                     )
                 scope.setdefault("state", {})["caller"] = caller
             except Refused as refused:
@@ -125,7 +125,7 @@ class Guard:
                 answer = database_problem(error, scope["method"], path)
         elif refusal is None and is_dashboard(path):
             try:
-                answer = await admit_dashboard(self.ingress, scope, headers)
+                answer = await admit_dashboard(self.api, scope, headers)
             except psycopg.Error as error:
                 answer = database_problem(error, scope["method"], path)
         limit = None if path.startswith("/hooks/") else settings.max_api_body_bytes
@@ -159,7 +159,7 @@ class Guard:
     def _malformed(
         self, scope: Scope, length: bytes, declared: int | None
     ) -> tuple[int, str, dict[str, str]] | None:
-        settings = self.ingress.settings
+        settings = self.api.settings
         if len(scope["headers"]) > settings.max_headers:
             return 431, f"more than {settings.max_headers} header fields", {}
         if "\x00" in scope["path"] or b"%00" in scope["query_string"]:
@@ -184,9 +184,7 @@ def with_dashboard_headers(send: Send) -> Send:
     return sending
 
 
-async def admit_dashboard(
-    ingress: Ingress, scope: Scope, headers: dict[str, bytes]
-) -> Response | None:
+async def admit_dashboard(api: Api, scope: Scope, headers: dict[str, bytes]) -> Response | None:
     """Put a dashboard request's session on its state (``caller``: the ``Caller``,
     ``ui_session``: the ``Session``), or return the answer that refuses it.
 
@@ -200,7 +198,7 @@ async def admit_dashboard(
     if path.startswith(DASHBOARD_PUBLIC):
         return None
     session_id = cookie_value(headers.get("cookie", b""))
-    found = await ingress.run(find_session(session_id)) if session_id else None
+    found = await api.run(find_session(session_id)) if session_id else None
     if found is None:
         fragment = "hx-request" in headers or path.startswith(("/ui/api/", "/ui/fragments/"))
         if fragment or scope["method"] not in ("GET", "HEAD"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from tidegate.api.kernel import DATABASE_RETRY_AFTER_SECONDS, Ingress, problem
+from tidegate.api.kernel import DATABASE_RETRY_AFTER_SECONDS, Api, problem
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Statement, Steps
 
@@ -29,8 +29,8 @@ async def readyz(request: Request) -> JSONResponse:
     With no live worker, async webhooks would still be accepted, but nothing would
     run them and every sync webhook would be refused: that is not ready.
     """
-    ingress: Ingress = request.app.state.ingress
-    version, workers = await ingress.run(_readiness(3 * ingress.settings.heartbeat_seconds))
+    api: Api = request.app.state.api
+    version, workers = await api.run(_readiness(3 * api.settings.heartbeat_seconds))
     wanted = latest_version()
     retry = {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
     if version != wanted:

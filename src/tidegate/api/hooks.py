@@ -42,7 +42,7 @@ from tidegate.api import events
 from tidegate.api.guard import CLOSE
 from tidegate.api.kernel import (
     CLIENT_GONE,
-    Ingress,
+    Api,
     client_gone,
     database_problem,
     problem,
@@ -132,7 +132,7 @@ class BodyTooLarge(Exception):
 )
 async def receive(token: str, request: Request) -> Response:
     """Receive one webhook."""
-    ingress: Ingress = request.app.state.ingress
+    ingress: Api = request.app.state.api
     started = time.monotonic()
     note = Note(received_at=datetime.now(UTC))
     with span("admit") as admitting:
@@ -163,9 +163,7 @@ class Note:
     run_id: int | None = None
 
 
-def _record(
-    ingress: Ingress, note: Note, response: Response, seconds: float, admitting: Span
-) -> None:
+def _record(ingress: Api, note: Note, response: Response, seconds: float, admitting: Span) -> None:
     """Count the answer; keep a request to a known trigger that made no run for the log."""
     status = response.status_code
     outcome = note.outcome or OUTCOMES.get(status, f"status_{status}")
@@ -202,7 +200,7 @@ def _record(
     )
 
 
-async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -> Response:
+async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Response:
     settings = ingress.settings
     found = await _trigger(ingress, token) if len(token) <= MAX_TOKEN_CHARS else None
     if found is None:
@@ -273,7 +271,7 @@ async def _receive(ingress: Ingress, token: str, request: Request, note: Note) -
 
 
 async def _answer(
-    ingress: Ingress,
+    ingress: Api,
     trigger: Trigger,
     decision: dict[str, Any],
     stream_after: int | None,
@@ -370,9 +368,7 @@ async def _answer(
     return _reply(run, {**limits, **location})
 
 
-async def _wait_for(
-    ingress: Ingress, run_id: int, timeout: float, *, look_first: bool
-) -> Run | None:
+async def _wait_for(ingress: Api, run_id: int, timeout: float, *, look_first: bool) -> Run | None:
     """Wait (LISTEN, never polling) until the run finishes or ``timeout`` passes."""
     loop_time = asyncio.get_running_loop().time
     deadline = loop_time() + timeout
@@ -533,7 +529,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _trigger(ingress: Ingress, token: str) -> Trigger | None:
+async def _trigger(ingress: Api, token: str) -> Trigger | None:
     """Return the trigger of ``token``: from this process's cache if it was looked up
     less than ``TRIGGER_CACHE_SECONDS`` ago (one round trip per webhook, not two), else
     from the database. Unknown tokens are not kept: they cost a lookup each, as before."""
@@ -550,7 +546,7 @@ async def _trigger(ingress: Ingress, token: str) -> Trigger | None:
 
 
 def _admit(
-    ingress: Ingress,
+    ingress: Api,
     trigger: Trigger,
     lane: str,
     payload: Any,

@@ -1,9 +1,9 @@
 """What every route of the HTTP API needs: the API process's state, and its answers.
 
-- ``Ingress``: what one API process holds: settings, a pool, the completion listener,
+- ``Api``: what one API process holds: settings, a pool, the completion listener,
   the remote workers' waiting claims, the event streams' places, the ledger of webhook
   answers, the rescuer, the trigger cache. ``create_server`` (api/server.py) makes one
-  per process and puts it on ``app.state.ingress``; a route finds it there.
+  per process and puts it on ``app.state.api``; a route finds it there.
 - Errors are short JSON problem bodies (RFC 9457): ``{"title": ..., "status": ...}``
   (``problem``). Bad input gets a 4xx; an unreachable database a 503 with
   ``Retry-After`` (``database_problem``); a 500 is a bug. ``problem_responses``,
@@ -152,7 +152,7 @@ def problem(
     )
 
 
-class Ingress:
+class Api:
     """What one API process holds: settings, a pool, the completion listener, the remote
     workers' waiting claims, the event streams' places."""
 

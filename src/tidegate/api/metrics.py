@@ -26,7 +26,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from tidegate.api.auth import BEARER
-from tidegate.api.kernel import AUTH_RESPONSES, Ingress
+from tidegate.api.kernel import AUTH_RESPONSES, Api
 from tidegate.figures import WAITING_CAP, Attempts, Figures, KeyFigures, read_figures
 from tidegate.worker.counters import CLAIMED, DURATION_BUCKETS, Tally
 
@@ -234,6 +234,6 @@ def exposition(figures: Figures) -> bytes:
 )
 async def metrics(request: Request) -> Response:
     """The cluster's figures for Prometheus (the super admin's token)."""
-    ingress: Ingress = request.app.state.ingress
-    figures = await ingress.run(read_figures(ingress.settings))
+    api: Api = request.app.state.api
+    figures = await api.run(read_figures(api.settings))
     return Response(exposition(figures), media_type=CONTENT_TYPE)

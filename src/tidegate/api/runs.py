@@ -25,7 +25,7 @@ from tidegate.access import Caller
 from tidegate.api import events
 from tidegate.api.auth import BEARER, current_caller
 from tidegate.api.events import EVENT_STREAM
-from tidegate.api.kernel import AUTH_RESPONSES, Ingress, problem_responses
+from tidegate.api.kernel import AUTH_RESPONSES, Api, problem_responses
 from tidegate.api.streams import Full
 from tidegate.errors import InputError
 from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
@@ -62,8 +62,8 @@ def _shown(run: Run, caller: Caller) -> dict[str, Any]:
 
 
 async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
-    ingress: Ingress = request.app.state.ingress
-    found = await ingress.run(runs.get_run(run_id))
+    api: Api = request.app.state.api
+    found = await api.run(runs.get_run(run_id))
     if found is None or not (caller.admin or found.project == caller.project):
         raise HTTPException(404, f"no run {run_id}")
     return found
@@ -118,13 +118,13 @@ async def stream_run_events(
     def end(finished: Run) -> bytes:
         return events.sse("result", json.dumps(_shown(finished, caller)), events.END_ID)
 
-    ingress: Ingress = request.app.state.ingress
+    api: Api = request.app.state.api
     try:
-        give_back = ingress.streams.take(f"token:{caller.project or '(admin)'}")
+        give_back = api.streams.take(f"token:{caller.project or '(admin)'}")
     except Full as full:
         raise HTTPException(full.status, full.title, full.headers) from None
     return events.EventStream(
-        lambda gone: events.run_events(ingress, run.id, run.lane, after, end, gone), {}, give_back
+        lambda gone: events.run_events(api, run.id, run.lane, after, end, gone), {}, give_back
     )
 
 
@@ -147,7 +147,7 @@ async def list_runs(
         if project not in (None, caller.project):
             raise HTTPException(403, "a project token lists its own project's runs only")
         project = caller.project
-    found = await request.app.state.ingress.run(
+    found = await request.app.state.api.run(
         runs.list_runs(
             project=project,
             lane=lane,
@@ -163,9 +163,9 @@ async def list_runs(
 async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """Run a finished run again, in the ``manual`` lane."""
     await _visible(request, caller, run_id)
-    ingress: Ingress = request.app.state.ingress
-    channel = ingress.app.available_channel
-    retried = await ingress.run(runs.retry_runs([run_id], "manual", channel=channel))
+    api: Api = request.app.state.api
+    channel = api.app.available_channel
+    retried = await api.run(runs.retry_runs([run_id], "manual", channel=channel))
     if not retried:
         raise HTTPException(409, f"run {run_id} has not finished")
     return JSONResponse(_shown(retried[0], caller))
@@ -174,13 +174,13 @@ async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> 
 @router.post("/retry")
 async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> dict[str, Any]:
     """Run many finished runs again, in the ``default`` lane; unfinished ones are left."""
-    ingress: Ingress = request.app.state.ingress
+    api: Api = request.app.state.api
     ids = body.ids
     if not caller.admin:
-        mine = await ingress.run(runs.find_runs(ids))
+        mine = await api.run(runs.find_runs(ids))
         ids = [run.id for run in mine if run.project == caller.project]
-    channel = ingress.app.available_channel
-    retried = await ingress.run(runs.retry_runs(ids, "default", channel=channel))
+    channel = api.app.available_channel
+    retried = await api.run(runs.retry_runs(ids, "default", channel=channel))
     return {"retried": sorted(run.id for run in retried)}
 
 
@@ -189,9 +189,9 @@ async def cancel_run(run_id: RunIdPath, request: Request, caller: Authorized) ->
     """Cancel a run that has not finished. A running attempt's worker learns it at its
     next heartbeat: an async handler is cancelled, a sync one's outcome is not recorded."""
     await _visible(request, caller, run_id)
-    ingress: Ingress = request.app.state.ingress
-    channel = ingress.app.completed_channel
-    cancelled = await ingress.run(runs.cancel_run(run_id, completed_channel=channel))
+    api: Api = request.app.state.api
+    channel = api.app.completed_channel
+    cancelled = await api.run(runs.cancel_run(run_id, completed_channel=channel))
     if cancelled is None:
         raise HTTPException(409, f"run {run_id} has finished already")
     return JSONResponse(_shown(cancelled, caller))

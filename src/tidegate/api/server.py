@@ -29,7 +29,7 @@ from tidegate.api import admin, health, hooks, metrics, runs, workers
 from tidegate.api.guard import Guard
 from tidegate.api.kernel import (
     COMMON_RESPONSES,
-    Ingress,
+    Api,
     client_gone,
     database_problem,
     problem,
@@ -40,15 +40,15 @@ from tidegate.ui import install as install_dashboard
 
 def create_server(settings: Settings | None = None) -> FastAPI:
     """Build the ASGI app for one API process."""
-    ingress = Ingress(settings or Settings.from_env())
+    api = Api(settings or Settings.from_env())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await ingress.start()
+        await api.start()
         try:
             yield
         finally:
-            await ingress.stop()
+            await api.stop()
 
     server = FastAPIOffline(
         title="tidegate",
@@ -57,8 +57,8 @@ def create_server(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         responses=COMMON_RESPONSES,
     )
-    server.state.ingress = ingress
-    server.add_middleware(Guard, ingress=ingress)
+    server.state.api = api
+    server.add_middleware(Guard, api=api)
     server.include_router(hooks.router)
     server.include_router(runs.router)
     server.include_router(admin.router)

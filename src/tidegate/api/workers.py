@@ -40,7 +40,7 @@ from tidegate.access import WorkerCaller
 from tidegate.api.auth import BEARER
 from tidegate.api.claims import Busy
 from tidegate.api.events import disconnected
-from tidegate.api.kernel import AUTH_RESPONSES, Ingress, JSONAnswer, problem_responses
+from tidegate.api.kernel import AUTH_RESPONSES, Api, JSONAnswer, problem_responses
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
 from tidegate.lanes import chain_admits, parse_workloops
@@ -282,7 +282,7 @@ class NewWorkerToken(BaseModel):
 )
 async def register(body: Registration, request: Request, fleet: Fleet) -> dict[str, Any]:
     """Register a worker: its workloops and tasks. Its id names it in every other call."""
-    ingress: Ingress = request.app.state.ingress
+    api: Api = request.app.state.api
     try:
         specs = parse_workloops(body.workloops)
     except ConfigError as error:
@@ -294,10 +294,10 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
     worker_id = f"remote:{fleet.token}:{secrets.token_hex(6)}"
     workloops = [{"chain": list(s.chain), "slots": s.slots, "busy": 0} for s in specs]
     client = request.client.host if request.client else "?"
-    beat = _beat(ingress, worker_id, workloops, sorted(set(body.tasks)), fleet, [])
+    beat = _beat(api, worker_id, workloops, sorted(set(body.tasks)), fleet, [])
     beat["host"] = body.host or client
-    await ingress.run(_renewed(beat))
-    settings = ingress.settings
+    await api.run(_renewed(beat))
+    settings = api.settings
     return {
         "worker_id": worker_id,
         "lease_seconds": settings.lease_seconds,
@@ -317,13 +317,13 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     A ``JSONAnswer``, as the runs API's: a run may nest deeper than FastAPI's serializer
     goes (``max_json_depth`` up to 512: a 500 before), and it is cheaper (the API's CPU
     per run of a remote drain: 90-102 -> 84-94 µs in ``bench.remote``)."""
-    ingress: Ingress = request.app.state.ingress
-    workloops, tasks = await _own(ingress, fleet, worker_id)
+    api: Api = request.app.state.api
+    workloops, tasks = await _own(api, fleet, worker_id)
     if body.workloop >= len(workloops):
         raise HTTPException(422, f"the worker has {len(workloops)} workloop(s)")
     loop = workloops[body.workloop]
     chain = tuple(loop["chain"])
-    settings = ingress.settings
+    settings = api.settings
     params = {
         "lanes": [lane for lane in chain if lane != "*"],
         "wildcard": "*" in chain,
@@ -340,12 +340,10 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     place = (worker_id, body.workloop)
     gone = asyncio.ensure_future(disconnected(request.receive))
     try:
-        async with ingress.claims.claiming(
-            fleet.token, place, (chain, tuple(tasks)), deadline
-        ) as turn:
+        async with api.claims.claiming(fleet.token, place, (chain, tuple(tasks)), deadline) as turn:
             while True:
                 turn.look()
-                free, claimed = await ingress.transact(_claim(params, loop["slots"], body.demand))
+                free, claimed = await api.transact(_claim(params, loop["slots"], body.demand))
                 turn.looked(asked=min(body.demand, free), got=len(claimed))
                 if free <= 0 or claimed or clock() >= deadline:
                     return JSONAnswer({"runs": [run.to_json() for run in claimed]})
@@ -364,15 +362,15 @@ async def heartbeat(
 ) -> dict[str, Any]:
     """Say the worker is alive and renew the leases of the runs it names; ``lost`` are
     those it no longer holds (cancelled meanwhile, or rescued after a lapse)."""
-    ingress: Ingress = request.app.state.ingress
-    workloops, tasks = await _own(ingress, fleet, worker_id)
+    api: Api = request.app.state.api
+    workloops, tasks = await _own(api, fleet, worker_id)
     refusal = _foreign_counter(body.counters, workloops, tasks)
     if refusal is not None:
         raise HTTPException(422, refusal)
-    beat = _beat(ingress, worker_id, workloops, tasks, fleet, body.run_ids)
+    beat = _beat(api, worker_id, workloops, tasks, fleet, body.run_ids)
     beat["counters"] = json.dumps([counted.model_dump() for counted in body.counters])
-    renewed = set(await ingress.run(_renewed(beat)))
-    await _maintain(ingress, workloops, tasks)
+    renewed = set(await api.run(_renewed(beat)))
+    await _maintain(api, workloops, tasks)
     return {"renewed": sorted(renewed), "lost": sorted(set(body.run_ids) - renewed)}
 
 
@@ -383,17 +381,17 @@ async def outcome(
     """Report how the attempt ended: ``succeeded`` (``result``), ``failed`` (``error``:
     retried with backoff, or discarded after the last attempt), ``retry``
     (``delay_seconds``, the attempt given back), ``cancelled`` or ``discarded``."""
-    ingress: Ingress = request.app.state.ingress
-    await _own(ingress, fleet, worker_id)
-    run = await _held(ingress, worker_id, run_id, body.attempt)
+    api: Api = request.app.state.api
+    await _own(api, fleet, worker_id)
+    run = await _held(api, worker_id, run_id, body.attempt)
     report = body.model_dump()
     for name in ("result", "details"):
         try:
-            check_json(report.get(name), f"the {name}", ingress.settings.max_json_depth)
+            check_json(report.get(name), f"the {name}", api.settings.max_json_depth)
         except InputError as error:
             raise HTTPException(422, str(error)) from None
-    reported = reported_outcome(run, report, ingress.settings)
-    recorded, _ = await _write(ingress, worker_id, [reported.as_row()], [])
+    reported = reported_outcome(run, report, api.settings)
+    recorded, _ = await _write(api, worker_id, [reported.as_row()], [])
     if run_id not in recorded:
         raise HTTPException(409, f"run {run_id}: attempt {body.attempt} is not this worker's")
     return {"run_id": run_id, "state": reported.state}
@@ -407,9 +405,9 @@ async def complete(
     worker's form of ``outcome`` and ``progress``). ``recorded``: the outcomes written;
     the others came after their runs had left the worker, and are noted in their runs'
     errors. ``breakers``: circuit breakers the outcomes opened or closed."""
-    ingress: Ingress = request.app.state.ingress
-    await _own(ingress, fleet, worker_id)
-    depth = ingress.settings.max_json_depth
+    api: Api = request.app.state.api
+    await _own(api, fleet, worker_id)
+    depth = api.settings.max_json_depth
     for row in body.outcomes:
         for name in ("result", "error"):
             text = getattr(row, name)
@@ -425,7 +423,7 @@ async def complete(
             raise HTTPException(422, str(error)) from None
     outcomes = [row.model_dump(exclude_none=True) for row in body.outcomes]
     events = [event.model_dump() for event in body.events]
-    recorded, breakers = await _write(ingress, worker_id, outcomes, events)
+    recorded, breakers = await _write(api, worker_id, outcomes, events)
     return {"recorded": sorted(recorded), "breakers": breakers}
 
 
@@ -436,9 +434,9 @@ async def progress(
     worker_id: WorkerId, run_id: RunIdPath, body: Progress, request: Request, fleet: Fleet
 ) -> Response:
     """Report a progress event of the attempt (as ``run.progress`` does in Python)."""
-    ingress: Ingress = request.app.state.ingress
-    await _own(ingress, fleet, worker_id)
-    await _held(ingress, worker_id, run_id, body.attempt)
+    api: Api = request.app.state.api
+    await _own(api, fleet, worker_id)
+    await _held(api, worker_id, run_id, body.attempt)
     try:
         check_json(body.data, "the progress data")
     except InputError as error:
@@ -447,7 +445,7 @@ async def progress(
     if len(data) > MAX_PROGRESS_BYTES:
         raise HTTPException(422, f"the progress data is over {MAX_PROGRESS_BYTES} bytes of JSON")
     event = {"run_id": run_id, "attempt": body.attempt, "data": data}
-    await _write(ingress, worker_id, [], [event])
+    await _write(api, worker_id, [], [event])
     return Response(status_code=204)
 
 
@@ -464,10 +462,10 @@ async def delivery(
     secret, which never leaves the API), body (base64) and timeout. ``delivery`` is null
     when the run has no request or its trigger no longer forwards: the run is then
     discarded."""
-    ingress: Ingress = request.app.state.ingress
-    await _own(ingress, fleet, worker_id)
-    await _held(ingress, worker_id, run_id, attempt)
-    found = await ingress.run(find_delivery(run_id))
+    api: Api = request.app.state.api
+    await _own(api, fleet, worker_id)
+    await _held(api, worker_id, run_id, attempt)
+    found = await api.run(find_delivery(run_id))
     return {"delivery": found.as_json() if found else None}
 
 
@@ -476,9 +474,9 @@ async def stop(worker_id: WorkerId, body: Stop, request: Request, fleet: Fleet) 
     """A worker going away: hand back the runs it names, then remove it (its slots stop
     counting at once). Runs it holds and does not name are rescued when their leases
     lapse."""
-    ingress: Ingress = request.app.state.ingress
-    await _own(ingress, fleet, worker_id)
-    released = await ingress.run(_stop(ingress, worker_id, body.hand_back))
+    api: Api = request.app.state.api
+    await _own(api, fleet, worker_id)
+    released = await api.run(_stop(api, worker_id, body.hand_back))
     return {"handed_back": released}
 
 
@@ -488,17 +486,17 @@ async def stop(worker_id: WorkerId, body: Stop, request: Request, fleet: Fleet) 
 @admin_router.post("", status_code=201, responses=problem_responses(**{"409": "name taken"}))
 async def create_token(body: NewWorkerToken, request: Request) -> dict[str, Any]:
     """Create a worker token for the lanes named (``*``: any); shown only this once."""
-    ingress: Ingress = request.app.state.ingress
-    created: dict[str, Any] = await _admin(ingress.run(create_worker_token(body.name, body.lanes)))
+    api: Api = request.app.state.api
+    created: dict[str, Any] = await _admin(api.run(create_worker_token(body.name, body.lanes)))
     return created
 
 
 @admin_router.get("")
 async def list_tokens(request: Request) -> list[dict[str, Any]]:
     """The worker tokens: lanes, and how many live workers use each."""
-    ingress: Ingress = request.app.state.ingress
-    live = 3 * ingress.settings.heartbeat_seconds
-    return await ingress.run(list_worker_tokens(live))
+    api: Api = request.app.state.api
+    live = 3 * api.settings.heartbeat_seconds
+    return await api.run(list_worker_tokens(live))
 
 
 @admin_router.delete("/{name}", status_code=204, responses=problem_responses(**{"404": "none"}))
@@ -506,8 +504,8 @@ async def delete_token(
     name: Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], request: Request
 ) -> Response:
     """Delete a worker token: its workers are refused from the next call on."""
-    ingress: Ingress = request.app.state.ingress
-    await _admin(ingress.run(delete_worker_token(name)))
+    api: Api = request.app.state.api
+    await _admin(api.run(delete_worker_token(name)))
     return Response(status_code=204)
 
 
@@ -525,20 +523,18 @@ async def _admin(call: Awaitable[Any]) -> Any:
 # -- steps ------------------------------------------------------------------------------
 
 
-async def _own(
-    ingress: Ingress, fleet: WorkerCaller, worker_id: str
-) -> tuple[list[Any], list[str]]:
+async def _own(api: Api, fleet: WorkerCaller, worker_id: str) -> tuple[list[Any], list[str]]:
     """The worker's workloops and tasks; 404 unless it registered with this token."""
-    rows = await ingress.run(_find(worker_id, fleet.token))
+    rows = await api.run(_find(worker_id, fleet.token))
     if not rows:
         raise HTTPException(404, f"no worker {worker_id!r} of this token (register again)")
     workloops, tasks = rows[0]
     return workloops, tasks
 
 
-async def _held(ingress: Ingress, worker_id: str, run_id: int, attempt: int) -> Run:
+async def _held(api: Api, worker_id: str, run_id: int, attempt: int) -> Run:
     """The run, if this worker holds this attempt of it; else 404 or 409."""
-    run = await ingress.run(get_run(run_id))
+    run = await api.run(get_run(run_id))
     if run is None:
         raise HTTPException(404, f"no run {run_id}")
     if not (
@@ -565,7 +561,7 @@ def _foreign_counter(counters: list[Counted], workloops: list[Any], tasks: list[
 
 
 def _beat(
-    ingress: Ingress,
+    api: Api,
     worker_id: str,
     workloops: list[Any],
     tasks: list[str],
@@ -579,16 +575,16 @@ def _beat(
         "workloops": json.dumps(workloops),
         "tasks": tasks,
         "run_ids": run_ids,
-        "lease_seconds": ingress.settings.lease_seconds,
+        "lease_seconds": api.settings.lease_seconds,
         "counters": "[]",
         "token": fleet.token,
     }
 
 
-async def _maintain(ingress: Ingress, workloops: list[Any], tasks: list[str]) -> None:
+async def _maintain(api: Api, workloops: list[Any], tasks: list[str]) -> None:
     """What a local worker's stager and rescuer do, done at a remote worker's beat: due
     runs and pending runs of its tasks made available, lapsed leases rescued."""
-    channel = ingress.app.available_channel
+    channel = api.app.available_channel
     chains = [loop["chain"] for loop in workloops]
     staging = {
         "channel": channel,
@@ -597,24 +593,24 @@ async def _maintain(ingress: Ingress, workloops: list[Any], tasks: list[str]) ->
         "wildcard": any("*" in chain for chain in chains),
         "limit": 5000,
     }
-    await ingress.run(_statement("stage_runs", staging))
-    await rescue(ingress.pool, channel, ingress.app.completed_channel)
+    await api.run(_statement("stage_runs", staging))
+    await rescue(api.pool, channel, api.app.completed_channel)
 
 
 async def _write(
-    ingress: Ingress, worker_id: str, outcomes: list[dict[str, Any]], events: list[dict[str, Any]]
+    api: Api, worker_id: str, outcomes: list[dict[str, Any]], events: list[dict[str, Any]]
 ) -> tuple[set[int], list[dict[str, str]]]:
     """Write outcomes and events with ``complete_runs``, as the worker's own completer
     would; note in their runs the outcomes that came too late. Return the ids recorded
     and the breaker changes."""
     params = {
         "worker_id": worker_id,
-        "completed_channel": ingress.app.completed_channel,
-        "channel": ingress.app.available_channel,
+        "completed_channel": api.app.completed_channel,
+        "channel": api.app.available_channel,
         "outcomes": json.dumps(outcomes),
         "events": json.dumps(events),
     }
-    rows = await ingress.run(_complete(params))
+    rows = await api.run(_complete(params))
     recorded = {row[0] for row in rows if row[0] is not None}
     breakers = [
         {"lane": lane, "key": key, "change": change}
@@ -628,7 +624,7 @@ async def _write(
     ]
     if late:
         params = {"worker_id": worker_id, "outcomes": json.dumps(late)}
-        await ingress.run(_statement("note_late_outcomes", params))
+        await api.run(_statement("note_late_outcomes", params))
     return recorded, breakers
 
 
@@ -659,8 +655,8 @@ def _complete(params: dict[str, Any]) -> Steps[list[Any]]:
     return (yield Statement("complete_runs", params))
 
 
-def _stop(ingress: Ingress, worker_id: str, ids: list[int]) -> Steps[int]:
-    params = {"ids": ids, "worker_id": worker_id, "channel": ingress.app.available_channel}
+def _stop(api: Api, worker_id: str, ids: list[int]) -> Steps[int]:
+    params = {"ids": ids, "worker_id": worker_id, "channel": api.app.available_channel}
     rows = yield Statement("release_runs", params)
     yield Statement("delete_worker", {"worker_id": worker_id})
     return int(rows[0][0])

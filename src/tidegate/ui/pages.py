@@ -28,9 +28,9 @@ from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
 from tidegate.schedules import list_schedules
 from tidegate.ui.session import (
     Current,
+    api_of,
     check_csrf,
     clear_cookie,
-    ingress_of,
     read_form,
     rows,
     set_cookie,
@@ -66,14 +66,14 @@ async def login_page(request: Request) -> HTMLResponse:
 async def login(request: Request) -> Response:
     """Open a session for the holder of the token, or show the form again (401)."""
     token = (await read_form(request)).get("token", "").strip()
-    ingress = ingress_of(request)
+    api = api_of(request)
     caller = None
     if 0 < len(token) <= MAX_TOKEN_CHARS:
-        caller = await ingress.run(find_caller(token))
+        caller = await api.run(find_caller(token))
     if caller is None:
         return render(request, "login.html", 401, message="Unknown token.")
-    seconds = ingress.settings.ui_session_seconds
-    session_id = await ingress.run(open_session(caller, token, seconds))
+    seconds = api.settings.ui_session_seconds
+    session_id = await api.run(open_session(caller, token, seconds))
     response = RedirectResponse("/ui/", status_code=303)
     set_cookie(response, session_id, seconds, secure=_secure(request))
     return response
@@ -82,7 +82,7 @@ async def login(request: Request) -> Response:
 @router.post("/logout")
 async def logout(request: Request, session: Current) -> Response:
     await check_csrf(request, session)
-    await ingress_of(request).run(close_session(session.id_hash))
+    await api_of(request).run(close_session(session.id_hash))
     response = RedirectResponse("/ui/login", status_code=303)
     clear_cookie(response, secure=_secure(request))
     return response
@@ -92,7 +92,7 @@ async def logout(request: Request, session: Current) -> Response:
 async def overview(request: Request, session: Current) -> HTMLResponse:
     lanes = []
     if session.caller.admin:
-        lanes = await ingress_of(request).run(read_lanes(ingress_of(request).settings))
+        lanes = await api_of(request).run(read_lanes(api_of(request).settings))
     return render(
         request,
         "overview.html",
@@ -107,7 +107,7 @@ async def overview(request: Request, session: Current) -> HTMLResponse:
 async def lanes_fragment(request: Request, session: Current) -> HTMLResponse:
     """The overview's lane rows, polled every 2 s (the super admin's: cluster figures)."""
     _admin_only(session)
-    lanes = await ingress_of(request).run(read_lanes(ingress_of(request).settings))
+    lanes = await api_of(request).run(read_lanes(api_of(request).settings))
     return render(request, "lanes.html", lanes=lanes, states=ACTIVE_STATES)
 
 
@@ -120,7 +120,7 @@ async def activity(request: Request, session: Current) -> JSONResponse:
     Throughput is null for a project: attempts are counted per lane, not per project.
     """
     project = session.caller.project
-    found = await ingress_of(request).run(
+    found = await api_of(request).run(
         rows("read_activity", {"minutes": CHART_MINUTES, "project": project})
     )
     now = int(time.time()) // 60 * 60
@@ -150,29 +150,27 @@ def _series(found: list[dict[str, Any]], source: str, minutes: list[int]) -> dic
 async def workers(request: Request, session: Current) -> HTMLResponse:
     """Every worker row: the cluster's, so the super admin's only (404 for a project)."""
     _admin_only(session)
-    ingress = ingress_of(request)
-    found = await ingress.run(list_workers(MAX_WORKERS))
+    api = api_of(request)
+    found = await api.run(list_workers(MAX_WORKERS))
     return render(
         request,
         "workers.html",
         workers=found,
-        live_seconds=3 * ingress.settings.heartbeat_seconds,
+        live_seconds=3 * api.settings.heartbeat_seconds,
     )
 
 
 @router.get("/projects")
 async def projects(request: Request, session: Current) -> HTMLResponse:
-    ingress = ingress_of(request)
+    api = api_of(request)
     ids: list[str | None] = [session.caller.project]
     if session.caller.admin:
-        busiest = await ingress.run(
-            fast_lane_projects(MAX_PROJECTS, ingress.settings.fast_lane_cap)
-        )
+        busiest = await api.run(fast_lane_projects(MAX_PROJECTS, api.settings.fast_lane_cap))
         ids = [figures.project for figures in busiest]
-    found = await ingress.run(
+    found = await api.run(
         rows(
             "read_projects",
-            {"ids": ids, "default_cap": ingress.settings.fast_lane_cap, "count_cap": COUNT_CAP},
+            {"ids": ids, "default_cap": api.settings.fast_lane_cap, "count_cap": COUNT_CAP},
         )
     )
     return render(request, "projects.html", projects=found, limit=MAX_PROJECTS)
@@ -183,18 +181,16 @@ async def project(project_id: ProjectIdPath, request: Request, session: Current)
     """A project's triggers, each with a link to its webhook log."""
     if not session.caller.admin and project_id != session.caller.project:
         raise HTTPException(404, f"no project {project_id}")
-    found = await ingress_of(request).run(rows("list_projects", {"id": project_id}))
+    found = await api_of(request).run(rows("list_projects", {"id": project_id}))
     if not found:
         raise HTTPException(404, f"no project {project_id}")
-    triggers = await ingress_of(request).run(
-        rows("list_triggers", {"project": project_id, "id": None})
-    )
+    triggers = await api_of(request).run(rows("list_triggers", {"project": project_id, "id": None}))
     return render(request, "project.html", project=project_id, triggers=triggers)
 
 
 @router.get("/keys")
 async def keys(request: Request, session: Current) -> HTMLResponse:
-    found = await ingress_of(request).run(read_keys(session.caller.project, MAX_KEYS))
+    found = await api_of(request).run(read_keys(session.caller.project, MAX_KEYS))
     return render(
         request,
         "keys.html",
@@ -208,9 +204,7 @@ async def keys(request: Request, session: Current) -> HTMLResponse:
 @router.get("/schedules")
 async def schedules(request: Request, session: Current) -> HTMLResponse:
     """Every schedule (a project's own to its session): its timing, next tick, last run."""
-    found = await ingress_of(request).run(
-        list_schedules(session.caller.project, limit=MAX_SCHEDULES)
-    )
+    found = await api_of(request).run(list_schedules(session.caller.project, limit=MAX_SCHEDULES))
     return render(request, "schedules.html", schedules=found, limit=MAX_SCHEDULES)
 
 

@@ -18,7 +18,7 @@ from tidegate.access import Session
 from tidegate.errors import InputError
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
 from tidegate.runs import Run, RunState, cancel_run, get_run, retry_runs
-from tidegate.ui.session import Current, check_csrf, ingress_of, rows
+from tidegate.ui.session import Current, api_of, check_csrf, rows
 from tidegate.ui.templating import render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
@@ -67,7 +67,7 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
     filters = _filters(request, session)
     before = _before(request)
     params = {**filters, "before": before, "limit": PAGE}
-    found = await ingress_of(request).run(rows("list_runs_page", params))
+    found = await api_of(request).run(rows("list_runs_page", params))
     older = None
     if len(found) == PAGE:
         kept = {name: value for name, value in filters.items() if value is not None}
@@ -101,9 +101,9 @@ async def retry(run_id: RunIdPath, request: Request, session: Current) -> Redire
     """Run a finished run again in the ``manual`` lane, as ``POST /runs/{id}/retry`` does."""
     await check_csrf(request, session)
     await _visible(request, session, run_id)
-    ingress = ingress_of(request)
-    channel = ingress.app.available_channel
-    if not await ingress.run(retry_runs([run_id], "manual", channel=channel)):
+    api = api_of(request)
+    channel = api.app.available_channel
+    if not await api.run(retry_runs([run_id], "manual", channel=channel)):
         raise HTTPException(409, f"run {run_id} has not finished")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
 
@@ -113,16 +113,16 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
     """Cancel a run that has not finished, as ``POST /runs/{id}/cancel`` does."""
     await check_csrf(request, session)
     await _visible(request, session, run_id)
-    ingress = ingress_of(request)
-    channel = ingress.app.completed_channel
-    if await ingress.run(cancel_run(run_id, completed_channel=channel)) is None:
+    api = api_of(request)
+    channel = api.app.completed_channel
+    if await api.run(cancel_run(run_id, completed_channel=channel)) is None:
         raise HTTPException(409, f"run {run_id} has finished already")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
 
 
 async def _visible(request: Request, session: Session, run_id: int) -> Run:
     """The run, if the session may see it; 404 otherwise, as if it did not exist."""
-    found = await ingress_of(request).run(get_run(run_id))
+    found = await api_of(request).run(get_run(run_id))
     caller = session.caller
     if found is None or not (caller.admin or found.project == caller.project):
         raise HTTPException(404, f"no run {run_id}")

@@ -34,7 +34,7 @@ from tidegate.api.guard import COOKIE, DASHBOARD
 from tidegate.storage.sql import Statement, Steps
 
 if TYPE_CHECKING:
-    from tidegate.api.kernel import Ingress
+    from tidegate.api.kernel import Api
 
 MAX_FORM_FIELDS = 20
 """More fields than any dashboard form has: a body past it is refused (400)."""
@@ -50,10 +50,10 @@ Current = Annotated[Session, Depends(current_session)]
 """A page's session (a route parameter)."""
 
 
-def ingress_of(request: Request) -> Ingress:
-    """This API process's ``Ingress`` (its pool and settings)."""
-    ingress: Ingress = request.app.state.ingress
-    return ingress
+def api_of(request: Request) -> Api:
+    """This API process's ``Api`` (its pool and settings)."""
+    api: Api = request.app.state.api
+    return api
 
 
 def rows(name: str, params: dict[str, Any]) -> Steps[list[dict[str, Any]]]:

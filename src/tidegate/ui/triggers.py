@@ -31,7 +31,7 @@ from tidegate.errors import EnqueueError, InputError
 from tidegate.limits import MAX_ID, parse_json, whole_number
 from tidegate.runs import RunState
 from tidegate.signatures import MisconfiguredSecret
-from tidegate.ui.session import Current, check_csrf, ingress_of, rows
+from tidegate.ui.session import Current, api_of, check_csrf, rows
 from tidegate.ui.templating import render
 from tidegate.webhooks import REPLAYABLE, Invalid, validate
 
@@ -45,7 +45,7 @@ SYNC_STATUS = {RunState.SUCCEEDED: 200, RunState.DISCARDED: 502, RunState.CANCEL
 
 async def _trigger(request: Request, session: Session, trigger_id: int) -> dict[str, Any]:
     """The trigger, if the session may see it; 404 otherwise."""
-    found = await ingress_of(request).run(
+    found = await api_of(request).run(
         rows("list_triggers", {"project": session.caller.project, "id": trigger_id})
     )
     if not found:
@@ -72,7 +72,7 @@ def _keyset(raw: str | None) -> tuple[datetime | None, str | None, int | None]:
 async def log(trigger_id: IdPath, request: Request, session: Current) -> HTMLResponse:
     trigger = await _trigger(request, session, trigger_id)
     before_at, before_kind, before_id = _keyset(request.query_params.get("before"))
-    found = await ingress_of(request).run(
+    found = await api_of(request).run(
         rows(
             "read_trigger_log",
             {
@@ -115,7 +115,7 @@ async def _entry(
     request: Request, session: Session, trigger_id: int, kind: str, request_id: int
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     trigger = await _trigger(request, session, trigger_id)
-    found = await ingress_of(request).run(
+    found = await api_of(request).run(
         rows(
             "get_logged_request",
             {
@@ -136,7 +136,7 @@ async def _entry(
 
 def _payload(request: Request, entry: dict[str, Any]) -> Any:
     """The body as ingress parsed it; ``InputError`` when it is not JSON tidegate takes."""
-    return parse_json(bytes(entry["body"]), "the body", ingress_of(request).settings.max_json_depth)
+    return parse_json(bytes(entry["body"]), "the body", api_of(request).settings.max_json_depth)
 
 
 class NotReplayable(Exception):
@@ -166,7 +166,7 @@ def _replayable(request: Request, trigger: dict[str, Any], entry: dict[str, Any]
             trigger["secret"],
             entry["headers"],
             bytes(entry["body"]),
-            ingress_of(request).settings.max_json_depth,
+            api_of(request).settings.max_json_depth,
             now=entry["received_at"].timestamp(),
         )
     except MisconfiguredSecret:
@@ -215,7 +215,7 @@ async def replay(
     except NotReplayable as reason:
         raise HTTPException(409, f"cannot be replayed: {reason}") from None
     args = {"body": payload, "headers": entry["headers"], "trigger": trigger["name"]}
-    ingress = ingress_of(request)
+    api = api_of(request)
     new = NewRun(
         trigger["task"],
         args,
@@ -224,7 +224,7 @@ async def replay(
         lane=DEFAULT_LANE,
     )
     try:
-        runs = await ingress.run(ingress.app.enqueue_steps([new]))
+        runs = await api.run(api.app.enqueue_steps([new]))
     except EnqueueError as error:
         raise HTTPException(409, f"cannot be replayed: {error}") from None
     return RedirectResponse(f"/ui/runs/{runs[0].id}", status_code=303)
