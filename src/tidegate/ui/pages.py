@@ -166,7 +166,7 @@ async def projects(request: Request, session: Current) -> HTMLResponse:
     ids: list[str | None] = [session.caller.project]
     if session.caller.admin:
         busiest = await api.run(fast_lane_projects(MAX_PROJECTS, api.settings.fast_lane_cap))
-        ids = [figures.project for figures in busiest]
+        ids = [busy.project for busy in busiest]
     found = await api.run(
         rows(
             "read_projects",
