@@ -6,7 +6,7 @@ import pytest
 
 from tidegate import ConfigError, Settings, WorkloopSpec, parse_chain, parse_workloops
 from tidegate.lanes import DEFAULT_CHAIN, chain_admits, chain_or_default
-from tidegate.settings import COUNT_BOUNDS
+from tidegate.limits import SETTING_BOUNDS
 
 
 def test_filter_chain_keeps_order_and_admits_only_named_lanes() -> None:
@@ -108,9 +108,9 @@ def test_settings_read_environment_and_overrides_win() -> None:
         Settings.from_env({"TIDEGATE_LEASE_SECONDS": "soon"})
 
 
-@pytest.mark.parametrize("name", sorted(COUNT_BOUNDS))
+@pytest.mark.parametrize("name", sorted(n for n, bound in SETTING_BOUNDS.items() if bound.whole))
 def test_every_whole_number_setting_refuses_a_value_past_its_bounds(name: str) -> None:
-    low, high = COUNT_BOUNDS[name]
+    low, high = int(SETTING_BOUNDS[name].low), int(SETTING_BOUNDS[name].high)
     Settings(**{name: low})
     Settings(**{name: high})
     for hostile in (low - 1, high + 1, -(2**63)):

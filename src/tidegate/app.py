@@ -39,7 +39,14 @@ from psycopg_pool import AsyncConnectionPool
 from tidegate import forward, policies, schedules
 from tidegate.errors import ConfigError, EnqueueError, InputError
 from tidegate.lanes import FAST_LANE
-from tidegate.limits import check_identifier, check_json, check_lane, check_text
+from tidegate.limits import (
+    ATTEMPTS,
+    PRIORITY,
+    check_identifier,
+    check_json,
+    check_lane,
+    check_text,
+)
 from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import (
     Run,
@@ -58,8 +65,6 @@ from tidegate.storage.sql import Statement, Steps, adrive, drive
 from tidegate.tracing import Span, span
 
 DEFAULT_LANE = "default"
-MAX_ATTEMPTS = 1000
-"""The most attempts a run may have (the column is a smallint; no task needs more)."""
 MAX_DELAY = timedelta(days=3650)
 WORKER_CHECK_SECONDS = 60.0
 """How often, at most, an enqueue looks whether a live worker has its task."""
@@ -185,8 +190,10 @@ class Tidegate:
                 check_lane(lane)
             except InputError as error:
                 raise ConfigError(str(error)) from None
-            if max_attempts is not None and not 1 <= max_attempts <= MAX_ATTEMPTS:
-                raise ConfigError(f"max_attempts must be 1 to {MAX_ATTEMPTS}, got {max_attempts}")
+            if max_attempts is not None and max_attempts not in ATTEMPTS:
+                raise ConfigError(
+                    f"max_attempts must be {ATTEMPTS.low} to {ATTEMPTS.high}, got {max_attempts}"
+                )
             if timeout is not None and not 0 < timeout <= MAX_DELAY.total_seconds():
                 raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
             task = Task(
@@ -405,14 +412,18 @@ class Tidegate:
         except InputError as error:
             raise EnqueueError(str(error)) from None
         priority = n.priority if n.priority is not None else (task.priority if task else 0)
-        if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-            raise EnqueueError(f"priority of {name!r} must be 0 (first) to 9, got {priority!r}")
+        if not isinstance(priority, int) or priority not in PRIORITY:
+            raise EnqueueError(
+                f"priority of {name!r} must be {PRIORITY.low} (first) to {PRIORITY.high}, "
+                f"got {priority!r}"
+            )
         max_attempts = (
             n.max_attempts or (task.max_attempts if task else None) or self.settings.max_attempts
         )
-        if not isinstance(max_attempts, int) or not 1 <= max_attempts <= MAX_ATTEMPTS:
+        if not isinstance(max_attempts, int) or max_attempts not in ATTEMPTS:
             raise EnqueueError(
-                f"max_attempts of {name!r} must be 1 to {MAX_ATTEMPTS}, got {max_attempts!r}"
+                f"max_attempts of {name!r} must be {ATTEMPTS.low} to {ATTEMPTS.high}, "
+                f"got {max_attempts!r}"
             )
         return {
             "project": n.project,

@@ -26,6 +26,16 @@ import psycopg
 
 from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
+from tidegate.limits import (
+    ATTEMPTS,
+    POLICY_BOUNDS,
+    PRIORITY,
+    PROJECT_BOUNDS,
+    SCHEDULE_BOUNDS,
+    SETTING_BOUNDS,
+    TRIGGER_BOUNDS,
+    Bound,
+)
 from tidegate.logs import configure as configure_logging
 from tidegate.runs import Run, RunState
 from tidegate.settings import DEFAULT_DATA_DIR, ENV_PREFIX, LOG_FORMATS, Settings
@@ -74,8 +84,17 @@ class CommandLine(click.Group):
             raise Failure((str(error).strip() or type(error).__name__).splitlines()[0]) from None
 
 
+def bounded(bound: Bound) -> click.IntRange | click.FloatRange:
+    """The click type of a number within ``bound`` (``tidegate.limits``): a value past it
+    is a usage error naming the option and the range, before anything runs."""
+    if bound.whole:
+        return click.IntRange(int(bound.low), int(bound.high))
+    return click.FloatRange(bound.low, bound.high, min_open=bound.above)
+
+
 def _option(name: str, *decls: str, **kwargs: Any) -> Callable[[FC], FC]:
-    """An option that also reads ``TIDEGATE_<NAME>``; a setting's default is ``Settings``'.
+    """An option that also reads ``TIDEGATE_<NAME>``; a setting's default is ``Settings``',
+    and its type holds the setting's bound (``SETTING_BOUNDS``).
 
     For settings and the global switches: the same variable configures the library, a
     worker and every command.
@@ -83,6 +102,8 @@ def _option(name: str, *decls: str, **kwargs: Any) -> Callable[[FC], FC]:
     key = name.lstrip("-").replace("-", "_")
     if key in _SETTING_DEFAULTS:
         kwargs.setdefault("default", _SETTING_DEFAULTS[key])
+    if key in SETTING_BOUNDS:
+        kwargs.setdefault("type", bounded(SETTING_BOUNDS[key]))
     envvar = ENV_PREFIX + key.upper()
     return click.option(name, *decls, envvar=envvar, show_envvar=True, **kwargs)
 
@@ -90,6 +111,19 @@ def _option(name: str, *decls: str, **kwargs: Any) -> Callable[[FC], FC]:
 def _command_option(*decls: str, **kwargs: Any) -> Callable[[FC], FC]:
     """An option of one command, read also from ``TIDEGATE_<COMMAND>_<NAME>``."""
     return click.option(*decls, show_envvar=True, **kwargs)
+
+
+def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callable[[FC], FC]:
+    """An option per field of ``helps`` (``--fast-lane-cap`` for ``fast_lane_cap``), each
+    holding the field's bound in ``bounds``, in the order given."""
+
+    def add(function: FC) -> FC:
+        for name, text in reversed(helps.items()):
+            option = f"--{name.replace('_', '-')}"
+            function = _command_option(option, type=bounded(bounds[name]), help=text)(function)
+        return function
+
+    return add
 
 
 @click.group(
@@ -190,13 +224,13 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 @_option("--workloops", help="Slot groups, e.g. 'fast_lane:1 manual>*:4'.")
 @_option("--server-url", "--server", help="Remote mode: claim through this API, not the database.")
 @_option("--worker-token", "--token", help="Remote mode: the worker token (tgw_...) for it.")
-@_option("--lease-seconds", type=float, help="How long a claim holds without a heartbeat.")
-@_option("--heartbeat-seconds", type=float, help="How often leases and the worker row renew.")
-@_option("--poll-seconds", type=float, help="Safety-net poll when no NOTIFY arrives.")
-@_option("--rescue-seconds", type=float, help="How often expired leases are looked for.")
-@_option("--schedule-seconds", type=float, help="How often due schedules are looked for.")
-@_option("--shutdown-grace-seconds", type=float, help="How long SIGTERM waits for runs.")
-@_option("--retention-seconds", type=float, help="How long finished runs are kept.")
+@_option("--lease-seconds", help="How long a claim holds without a heartbeat.")
+@_option("--heartbeat-seconds", help="How often leases and the worker row renew.")
+@_option("--poll-seconds", help="Safety-net poll when no NOTIFY arrives.")
+@_option("--rescue-seconds", help="How often expired leases are looked for.")
+@_option("--schedule-seconds", help="How often due schedules are looked for.")
+@_option("--shutdown-grace-seconds", help="How long SIGTERM waits for runs.")
+@_option("--retention-seconds", help="How long finished runs are kept.")
 @click.pass_context
 def worker(ctx: click.Context, /, app_spec: str, **options: Any) -> None:
     """Run a worker until SIGTERM/SIGINT, then finish or hand back its runs."""
@@ -225,13 +259,13 @@ def migrate(ctx: click.Context) -> None:
 @_command_option("--lane", default="manual", help="Lane: a run started by hand is 'manual'.")
 @_command_option("--key", help="Concurrency/fairness key.  [default: the project]")
 @_command_option(
-    "--priority", type=click.IntRange(0, 9), help="0 runs first.  [default: the task's, or 0]"
+    "--priority", type=bounded(PRIORITY), help="0 runs first.  [default: the task's, or 0]"
 )
 @_command_option("--delay", type=float, help="Seconds from now before the run is due.")
 @_command_option("--idempotency-key", help="A repeat with the same key returns the first run.")
 @_command_option(
     "--max-attempts",
-    type=click.IntRange(min=1),
+    type=bounded(ATTEMPTS),
     help="[default: the task's, or TIDEGATE_MAX_ATTEMPTS]",
 )
 @click.pass_context
@@ -329,8 +363,8 @@ def demo(ctx: click.Context, /, count: int) -> None:
 @main.command()
 @_option("--role", type=click.Choice(["all", "api", "worker"]), default="all")
 @_option("--host", help="Address the HTTP API listens on.")
-@_option("--port", type=click.IntRange(0, 65535), help="Port of the HTTP API (0: any free one).")
-@_option("--api-processes", type=click.IntRange(1, 256), help="HTTP API processes.")
+@_option("--port", help="Port of the HTTP API (0: any free one).")
+@_option("--api-processes", help="HTTP API processes.")
 @_option(
     "--app",
     "app_spec",
@@ -343,57 +377,26 @@ def demo(ctx: click.Context, /, count: int) -> None:
     help="The super admin's token, stored (hashed) for every server; else the stored one, "
     "or one generated on the first start and printed once.",
 )
-@_option(
-    "--fast-lane-cap",
-    type=click.IntRange(min=0),
-    help="In-flight fast-lane runs per project without a cap of its own.",
-)
-@_option(
-    "--metrics-max-lanes",
-    type=click.IntRange(3, 10_000),
-    help="The most lanes GET /metrics reports.",
-)
-@_option(
-    "--metrics-max-projects",
-    type=click.IntRange(0, 10_000),
-    help="The most projects GET /metrics reports (the busiest).",
-)
-@_option(
-    "--metrics-max-keys",
-    type=click.IntRange(0, 10_000),
-    help="The most keys GET /metrics reports (the busiest; 0: none).",
-)
-@_option(
-    "--webhook-log-size",
-    type=click.IntRange(0, 1_000_000),
-    help="The most refused requests the webhook log keeps per trigger.",
-)
+@_option("--fast-lane-cap", help="In-flight fast-lane runs per project without a cap of its own.")
+@_option("--metrics-max-lanes", help="The most lanes GET /metrics reports.")
+@_option("--metrics-max-projects", help="The most projects GET /metrics reports (the busiest).")
+@_option("--metrics-max-keys", help="The most keys GET /metrics reports (the busiest; 0: none).")
+@_option("--webhook-log-size", help="The most refused requests the webhook log keeps per trigger.")
 @_option(
     "--webhook-log-body-bytes",
-    type=click.IntRange(0, 104_857_600),
     help="How much of a refused request's body the webhook log keeps.",
 )
 @_option(
     "--max-claims-per-token",
-    type=click.IntRange(1, 1_000_000),
     help="The most long-polling claims a worker token's remote workers hold at once, per "
     "API process.",
 )
-@_option(
-    "--max-streams",
-    type=click.IntRange(1, 1_000_000),
-    help="The most event streams an API process serves at once.",
-)
+@_option("--max-streams", help="The most event streams an API process serves at once.")
 @_option(
     "--max-streams-per-caller",
-    type=click.IntRange(1, 1_000_000),
     help="The most event streams one caller holds at once, per API process.",
 )
-@_option(
-    "--ui-session-seconds",
-    type=click.FloatRange(min=0, min_open=True),
-    help="How long a dashboard (/ui) session lasts after signing in.",
-)
+@_option("--ui-session-seconds", help="How long a dashboard (/ui) session lasts after signing in.")
 @_option("--access-log", is_flag=True, help="Log every HTTP request.")
 @click.pass_context
 def serve(
@@ -414,18 +417,23 @@ def projects() -> None:
     """Create, change and list projects (tenants) and their limits."""
 
 
-def _limits(function: FC) -> FC:
-    for name, kind, text in reversed(
-        [
-            ("--fast-lane-cap", click.IntRange(min=0), "In-flight fast-lane runs."),
-            ("--concurrency", click.IntRange(min=1), "In-flight runs outside the fast lane."),
-            ("--ingest-rate", click.FloatRange(min=0, min_open=True), "Webhooks per second."),
-            ("--ingest-burst", click.IntRange(min=1), "Webhooks at once above the rate."),
-            ("--backlog-cap", click.IntRange(min=0), "Ready runs per lane."),
-        ]
-    ):
-        function = _command_option(name, type=kind, help=text)(function)
-    return function
+_limits = _bounded_options(
+    PROJECT_BOUNDS,
+    {
+        "fast_lane_cap": "In-flight fast-lane runs.",
+        "concurrency": "In-flight runs outside the fast lane.",
+        "ingest_rate": "Webhooks per second.",
+        "ingest_burst": "Webhooks at once above the rate.",
+        "backlog_cap": "Ready runs per lane.",
+    },
+)
+_trigger_numbers = _bounded_options(
+    TRIGGER_BOUNDS,
+    {
+        "max_body_bytes": "The most a webhook's body, with the headers kept, may be.",
+        "sync_timeout_seconds": "How long a sync caller waits for its run's result.",
+    },
+)
 
 
 def _admin(ctx: click.Context, steps: Any) -> Any:
@@ -506,8 +514,7 @@ def triggers() -> None:
 @_command_option("--mode", type=click.Choice(["async", "sync"]), required=True)
 @_command_option("--task", required=True, help="The task each webhook runs.")
 @_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
-@_command_option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
-@_command_option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
+@_trigger_numbers
 @click.pass_context
 def triggers_create(
     ctx: click.Context, /, project_id: str, name: str, mode: str, task: str, **options: Any
@@ -525,8 +532,7 @@ def triggers_create(
 @_command_option("--mode", type=click.Choice(["async", "sync"]))
 @_command_option("--task")
 @_command_option("--secret")
-@_command_option("--max-body-bytes", type=click.IntRange(1, 104_857_600))
-@_command_option("--sync-timeout-seconds", type=click.FloatRange(min=0, min_open=True))
+@_trigger_numbers
 @_command_option("--enabled/--disabled", default=None)
 @click.pass_context
 def triggers_update(ctx: click.Context, /, trigger_id: int, **changes: Any) -> None:
@@ -641,36 +647,21 @@ def keys() -> None:
 @keys.command("set")
 @click.argument("lane")
 @click.argument("key", default="*")
-@_command_option("--max-running", type=click.IntRange(min=0), help="Runs of the key in flight.")
-@_command_option("--weight", type=click.FloatRange(min=0, min_open=True), help="Share of claims.")
-@_command_option("--rate", type=click.FloatRange(min=0, min_open=True), help="Starts per second.")
-@_command_option("--rate-burst", type=click.IntRange(min=1), help="Starts at once above the rate.")
-@_command_option(
-    "--breaker-failures",
-    type=click.IntRange(min=1),
-    help="Circuit breaker: open after this many failed attempts in the window.",
-)
-@_command_option(
-    "--breaker-ratio",
-    type=click.FloatRange(0.01, 1),
-    help="Or: open when this share of the window's attempts failed.",
-)
-@_command_option(
-    "--breaker-min-attempts", type=click.IntRange(min=1), help="The ratio's least attempts (10)."
-)
-@_command_option(
-    "--breaker-window-seconds", type=click.FloatRange(0.1, 86400), help="Counting window (60)."
-)
-@_command_option(
-    "--breaker-cooldown-seconds", type=click.FloatRange(0.1, 86400), help="First open time (30)."
-)
-@_command_option(
-    "--breaker-max-cooldown-seconds",
-    type=click.FloatRange(0.1, 7 * 86400),
-    help="A failed probe doubles the cooldown up to this (600).",
-)
-@_command_option(
-    "--breaker-probes", type=click.IntRange(1, 1000), help="Half-open: probe runs at once (1)."
+@_bounded_options(
+    POLICY_BOUNDS,
+    {
+        "max_running": "Runs of the key in flight.",
+        "weight": "Share of claims.",
+        "rate": "Starts per second.",
+        "rate_burst": "Starts at once above the rate.",
+        "breaker_failures": "Circuit breaker: open after this many failed attempts in the window.",
+        "breaker_ratio": "Or: open when this share of the window's attempts failed.",
+        "breaker_min_attempts": "The ratio's least attempts (10).",
+        "breaker_window_seconds": "Counting window (60).",
+        "breaker_cooldown_seconds": "First open time (30).",
+        "breaker_max_cooldown_seconds": "A failed probe doubles the cooldown up to this (600).",
+        "breaker_probes": "Half-open: probe runs at once (1).",
+    },
 )
 @_command_option("--clear", multiple=True, help="A limit to remove, e.g. --clear max_running.")
 @click.pass_context
@@ -743,21 +734,24 @@ def schedules() -> None:
 @_command_option("--task", required=True, help="The task each tick runs.")
 @_command_option("--cron", help="Cron expression: 5 fields, 6 with seconds first, or @daily.")
 @_command_option(
-    "--every", "interval_seconds", type=click.FloatRange(1), help="Or: seconds between ticks."
+    "--every",
+    "interval_seconds",
+    type=bounded(SCHEDULE_BOUNDS["interval_seconds"]),
+    help="Or: seconds between ticks.",
 )
 @_command_option("--timezone", default="UTC", help="IANA time zone the cron is read in.")
 @_command_option("--args", "args_json", default="{}", help="The runs' args, a JSON object.")
 @_command_option("--lane", help="Lane of its runs.  [default: the task's]")
 @_command_option("--key", help="Concurrency/fairness key.  [default: the task's, or the project]")
-@_command_option("--priority", type=click.IntRange(0, 9))
-@_command_option("--max-attempts", type=click.IntRange(1, 1000))
+@_command_option("--priority", type=bounded(SCHEDULE_BOUNDS["priority"]))
+@_command_option("--max-attempts", type=bounded(SCHEDULE_BOUNDS["max_attempts"]))
 @_command_option(
     "--catch-up",
     type=click.Choice(["once", "all", "skip"]),
     default="once",
     help="After downtime: the newest missed tick, each one, or none.",
 )
-@_command_option("--catch-up-limit", type=click.IntRange(1, 10_000), default=100)
+@_command_option("--catch-up-limit", type=bounded(SCHEDULE_BOUNDS["catch_up_limit"]), default=100)
 @_command_option(
     "--overlap",
     type=click.Choice(["allow", "skip"]),

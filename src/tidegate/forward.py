@@ -68,7 +68,6 @@ METHODS = ("POST", "PUT", "PATCH")
 MAX_URL_CHARS = 2048
 MAX_FORWARD_HEADERS = 32
 DEFAULT_TIMEOUT_SECONDS = 10.0
-MAX_TIMEOUT_SECONDS = 300.0
 MAX_KEPT_BODY_BYTES = 64 * 1024
 """The most of a response body a run's result keeps (and a sync caller gets), decoded."""
 CODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}

@@ -34,6 +34,14 @@ bearer tokens               1-255 visible ASCII characters   what an Authorizati
 Every check raises ``InputError`` naming the value and its bound. The ``Annotated``
 types carry the same bounds into pydantic models (HTTP bodies, path and query
 parameters), where a violation is a 422 with the field's location.
+
+**Each field's range, declared once.** The numbers a project, a trigger, a key policy, a
+schedule and the settings hold have their ranges here, one ``Bound`` per field, in a
+table per kind (``PROJECT_BOUNDS``, ``TRIGGER_BOUNDS``, ``POLICY_BOUNDS``,
+``SCHEDULE_BOUNDS``, ``SETTING_BOUNDS``). Every boundary is built from them: the library's
+checks (``Bound.check``), the admin API's models (``Bound.field``), the CLI's options
+(``cli.bounded``); tests/test_bounds.py proves that each takes both ends of every range
+and refuses what lies past them.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
@@ -66,6 +75,13 @@ MAX_RATE = 1_000_000.0
 MIN_WEIGHT = 0.001
 MAX_WEIGHT = 1000.0
 MAX_DELAY_SECONDS = 365 * 24 * 3600.0
+MAX_BODY_BYTES = 100 * 1024 * 1024
+"""The most any body may be: a webhook's (the server's and each trigger's limit), an API
+request's, the webhook log's copy of one."""
+MAX_BREAKER_SECONDS = 86400.0
+"""A circuit breaker's longest window and first cooldown: a day."""
+MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
+"""Ten years: any duration past it is a mistake, and PostgreSQL intervals stay exact."""
 
 IDENTIFIER = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """A project id or a trigger name."""
@@ -136,30 +152,158 @@ def check_number(value: Any, what: str, low: float, high: float, *, whole: bool)
 
     ``whole``: it must be a whole number, and comes back as an ``int`` (``2.0`` -> ``2``).
     """
-    number = not isinstance(value, bool) and isinstance(value, int | float)
-    valid = (
-        number
-        and (isinstance(value, int) or (math.isfinite(value) and (not whole or value.is_integer())))
-        and low <= value <= high
-    )
-    if not valid:
-        kind = "a whole number" if whole else "a number"
-        raise InputError(f"{what} must be {kind} from {low} to {high}, got {_show(value)}")
-    return int(value) if whole else float(value)
+    checked: float = Bound(low, high, whole).check(value, what)
+    return checked
 
 
-Bounds = dict[str, tuple[float, float, bool]]
-"""Ranges of named numbers: ``{name: (low, high, whole)}``."""
+@dataclass(frozen=True)
+class Bound:
+    """The range of one number: from ``low`` to ``high``, finite, a whole number or not;
+    ``above``: more than ``low``, never ``low`` itself (a duration of 0 is none).
+
+    One per field, in the tables below; every boundary is made from it, so that the API,
+    the CLI, the library and (through tests/test_bounds.py) the database agree.
+    """
+
+    low: float
+    high: float
+    whole: bool = False
+    above: bool = False
+
+    def __contains__(self, value: Any) -> bool:
+        """Whether ``value`` is a number within the bound (``bool`` is not a number)."""
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if isinstance(value, float) and not (
+            math.isfinite(value) and (not self.whole or value.is_integer())
+        ):
+            return False
+        return (self.low < value if self.above else self.low <= value) and value <= self.high
+
+    def __str__(self) -> str:
+        """What a value must be, for a message: ``a whole number from 1 to 1000``."""
+        kind = "a whole number" if self.whole else "a number"
+        if self.above:
+            return f"{kind} over {self.low} and up to {self.high}"
+        return f"{kind} from {self.low} to {self.high}"
+
+    def check(self, value: Any, what: str) -> Any:
+        """Return ``value`` (an ``int`` when whole: ``2.0`` -> ``2``), or raise
+        ``InputError`` naming ``what`` and the bound."""
+        if value not in self:
+            raise InputError(f"{what} must be {self}, got {_show(value)}")
+        return int(value) if self.whole else float(value)
+
+    def field(self, default: Any = None, **options: Any) -> Any:
+        """A pydantic ``Field`` that holds the bound (on an ``int | None`` or ``float |
+        None`` too); ``options`` as ``Field`` takes them (``description``)."""
+        options["gt" if self.above else "ge"] = self.low
+        if not self.whole:
+            options["allow_inf_nan"] = False
+        return Field(default, le=self.high, **options)
+
+
+Bounds = dict[str, Bound]
+"""The ranges of named numbers: ``{field: Bound}``."""
 
 
 def check_numbers(values: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
-    """Return ``values`` checked against ``bounds`` (``check_number``); ``None`` passes."""
+    """Return ``values`` checked against ``bounds`` (``Bound.check``); ``None`` passes."""
     return {
-        name: None
-        if value is None
-        else check_number(value, name, bounds[name][0], bounds[name][1], whole=bounds[name][2])
+        name: None if value is None else bounds[name].check(value, name)
         for name, value in values.items()
     }
+
+
+COUNT = Bound(0, MAX_COUNT, whole=True)
+"""How many of something, none allowed: an integer column."""
+POSITIVE_COUNT = Bound(1, MAX_COUNT, whole=True)
+RATE = Bound(MIN_RATE, MAX_RATE)
+"""Per second: 1/rate becomes an interval in every admission or claim."""
+PRIORITY = Bound(0, 9, whole=True)
+"""A run's priority: 0 runs first (runs_priority_range)."""
+ATTEMPTS = Bound(1, 1000, whole=True)
+"""A run's max_attempts."""
+DURATION = Bound(0, MAX_DURATION_SECONDS, above=True)
+"""A duration setting, in seconds."""
+
+PROJECT_BOUNDS: Bounds = {
+    "fast_lane_cap": COUNT,
+    "concurrency": POSITIVE_COUNT,
+    "ingest_rate": RATE,
+    "ingest_burst": POSITIVE_COUNT,
+    "backlog_cap": COUNT,
+}
+"""A project's limits (tidegate.projects; the CHECKs projects_*_range)."""
+TRIGGER_BOUNDS: Bounds = {
+    "max_body_bytes": Bound(1, MAX_BODY_BYTES, whole=True),
+    "sync_timeout_seconds": Bound(0.001, 3600.0),
+    "forward_timeout_seconds": Bound(0.001, 300.0),
+}
+"""A trigger's numbers (tidegate.projects; the CHECKs triggers_*_range)."""
+POLICY_BOUNDS: Bounds = {
+    "max_running": COUNT,
+    "weight": Bound(MIN_WEIGHT, MAX_WEIGHT),
+    "rate": RATE,
+    "rate_burst": POSITIVE_COUNT,
+    "breaker_failures": POSITIVE_COUNT,
+    "breaker_ratio": Bound(0.01, 1.0),
+    "breaker_min_attempts": POSITIVE_COUNT,
+    "breaker_window_seconds": Bound(0.1, MAX_BREAKER_SECONDS),
+    "breaker_cooldown_seconds": Bound(0.1, MAX_BREAKER_SECONDS),
+    "breaker_max_cooldown_seconds": Bound(0.1, 7 * MAX_BREAKER_SECONDS),
+    "breaker_probes": Bound(1, 1000, whole=True),
+}
+"""A key policy's fields (tidegate.policies; the CHECKs key_policies_*_range)."""
+SCHEDULE_BOUNDS: Bounds = {
+    "priority": PRIORITY,
+    "max_attempts": ATTEMPTS,
+    "interval_seconds": Bound(1.0, 10 * 365 * 24 * 3600.0),
+    "catch_up_limit": Bound(1, 10_000, whole=True),
+}
+"""A schedule's numbers (tidegate.schedules; the CHECKs schedules_*_range)."""
+SETTING_BOUNDS: Bounds = {
+    **dict.fromkeys(
+        (
+            "lease_seconds",
+            "heartbeat_seconds",
+            "poll_seconds",
+            "stage_seconds",
+            "rescue_seconds",
+            "schedule_seconds",
+            "retention_seconds",
+            "prune_seconds",
+            "shutdown_grace_seconds",
+            "backoff_base_seconds",
+            "backoff_max_seconds",
+            "read_timeout_seconds",
+            "body_timeout_seconds",
+            "ui_session_seconds",
+        ),
+        DURATION,
+    ),
+    "prune_batch": Bound(1, 100_000, whole=True),
+    "max_attempts": ATTEMPTS,
+    "pool_size": Bound(1, 1000, whole=True),
+    "max_body_bytes": TRIGGER_BOUNDS["max_body_bytes"],
+    "api_processes": Bound(1, 256, whole=True),
+    "max_json_depth": Bound(1, 512, whole=True),
+    "max_api_body_bytes": Bound(1, MAX_BODY_BYTES, whole=True),
+    "max_head_bytes": Bound(1024, 1024 * 1024, whole=True),
+    "max_headers": Bound(8, 1000, whole=True),
+    "fast_lane_cap": PROJECT_BOUNDS["fast_lane_cap"],
+    "port": Bound(0, 65535, whole=True),
+    "metrics_max_lanes": Bound(3, 10_000, whole=True),
+    "metrics_max_projects": Bound(0, 10_000, whole=True),
+    "metrics_max_keys": Bound(0, 10_000, whole=True),
+    "webhook_log_size": Bound(0, 1_000_000, whole=True),
+    "webhook_log_body_bytes": Bound(0, MAX_BODY_BYTES, whole=True),
+    "max_claims_per_token": Bound(1, 1_000_000, whole=True),
+    "max_streams": Bound(1, 1_000_000, whole=True),
+    "max_streams_per_caller": Bound(1, 1_000_000, whole=True),
+}
+"""Every number among the settings (tidegate.settings): what the columns and the code can
+hold; each duration more than 0 and at most ten years."""
 
 
 def check_token(value: Any, what: str) -> str:
@@ -317,8 +461,4 @@ Text = Annotated[
     str, Field(min_length=1, max_length=MAX_TEXT_CHARS), _validated(check_text, "text")
 ]
 """A key, an idempotency key or a task name."""
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-PositiveCount = Annotated[int, Field(ge=1, le=MAX_COUNT)]
 RunId = Annotated[int, Field(ge=1, le=MAX_ID)]
-Rate = Annotated[float, Field(ge=MIN_RATE, le=MAX_RATE, allow_inf_nan=False)]
-Weight = Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT, allow_inf_nan=False)]

@@ -46,36 +46,13 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
-from tidegate.limits import (
-    MAX_COUNT,
-    MAX_RATE,
-    MAX_WEIGHT,
-    MIN_RATE,
-    MIN_WEIGHT,
-    Bounds,
-    check_lane,
-    check_numbers,
-    check_text,
-)
+from tidegate.limits import POLICY_BOUNDS, check_lane, check_numbers, check_text
 from tidegate.storage.sql import Statement, Steps
 
-POLICY_FIELDS = (
-    "max_running",
-    "weight",
-    "rate",
-    "rate_burst",
-    "breaker_failures",
-    "breaker_ratio",
-    "breaker_min_attempts",
-    "breaker_window_seconds",
-    "breaker_cooldown_seconds",
-    "breaker_max_cooldown_seconds",
-    "breaker_probes",
-)
+POLICY_FIELDS = tuple(POLICY_BOUNDS)
+"""A key policy's fields, each bounded by ``tidegate.limits.POLICY_BOUNDS``."""
 ANY_KEY = "*"
 FORCES = ("open", "closed")
-MAX_BREAKER_SECONDS = 86400.0
-MAX_BREAKER_PROBES = 1000
 
 
 class PolicyError(InputError):
@@ -137,22 +114,6 @@ def list_key_policies(lane: str | None = None) -> Steps[list[dict[str, Any]]]:
     return [dict(row) for row in rows]
 
 
-FIELD_BOUNDS: Bounds = {
-    "max_running": (0, MAX_COUNT, True),
-    "weight": (MIN_WEIGHT, MAX_WEIGHT, False),
-    "rate": (MIN_RATE, MAX_RATE, False),
-    "rate_burst": (1, MAX_COUNT, True),
-    "breaker_failures": (1, MAX_COUNT, True),
-    "breaker_ratio": (0.01, 1.0, False),
-    "breaker_min_attempts": (1, MAX_COUNT, True),
-    "breaker_window_seconds": (0.1, MAX_BREAKER_SECONDS, False),
-    "breaker_cooldown_seconds": (0.1, MAX_BREAKER_SECONDS, False),
-    "breaker_max_cooldown_seconds": (0.1, 7 * MAX_BREAKER_SECONDS, False),
-    "breaker_probes": (1, MAX_BREAKER_PROBES, True),
-}
-"""Each policy field's range and whether it is a whole number (tidegate.limits)."""
-
-
 def _check(lane: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
     """Return the fields checked against their bounds (whole numbers as ints)."""
     unknown = set(fields) - set(POLICY_FIELDS)
@@ -163,6 +124,6 @@ def _check(lane: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
     try:
         check_lane(lane)
         check_text(key, "key")
-        return check_numbers(fields, FIELD_BOUNDS)
+        return check_numbers(fields, POLICY_BOUNDS)
     except InputError as error:
         raise PolicyError(str(error)) from None

@@ -25,10 +25,8 @@ from psycopg.rows import dict_row
 from tidegate import forward
 from tidegate.errors import InputError, TidegateError
 from tidegate.limits import (
-    MAX_COUNT,
-    MAX_RATE,
-    MIN_RATE,
-    Bounds,
+    PROJECT_BOUNDS,
+    TRIGGER_BOUNDS,
     check_identifier,
     check_numbers,
     check_text,
@@ -37,7 +35,8 @@ from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
 
 DEFAULT_PROJECT = "default"
-PROJECT_LIMITS = ("fast_lane_cap", "concurrency", "ingest_rate", "ingest_burst", "backlog_cap")
+PROJECT_LIMITS = tuple(PROJECT_BOUNDS)
+"""A project's limits, each bounded by ``tidegate.limits.PROJECT_BOUNDS``."""
 TRIGGER_FIELDS = (
     "mode",
     "task",
@@ -263,13 +262,17 @@ def domain_error(error: psycopg.Error) -> TidegateError:
         "triggers_name_unique": "a trigger with this name exists already in this project",
         "triggers_project_fkey": "no such project",
         "triggers_mode_valid": "mode must be 'async' or 'sync'",
-        "triggers_max_body_range": "max_body_bytes must be 1 to 104857600",
-        "triggers_sync_timeout_range": "sync_timeout_seconds must be > 0",
+        "triggers_max_body_range": f"max_body_bytes must be {TRIGGER_BOUNDS['max_body_bytes']}",
+        "triggers_sync_timeout_range": (
+            f"sync_timeout_seconds must be {TRIGGER_BOUNDS['sync_timeout_seconds']}"
+        ),
         "triggers_forward_task": "a trigger with a forward_url runs task 'tidegate.forward'",
         "triggers_forward_url_valid": "forward_url must be an http(s) URL",
         "triggers_forward_method_valid": "forward_method must be POST, PUT or PATCH",
         "triggers_forward_headers_range": "forward_headers holds at most 32 names",
-        "triggers_forward_timeout_range": "forward_timeout_seconds must be > 0 and <= 300",
+        "triggers_forward_timeout_range": (
+            f"forward_timeout_seconds must be {TRIGGER_BOUNDS['forward_timeout_seconds']}"
+        ),
         "triggers_breaker_key_range": "breaker_key must be 1 to 255 characters",
         "schedules_name_unique": "a schedule with this name exists already in this project",
         "worker_tokens_pkey": "a worker token with this name exists already",
@@ -287,27 +290,13 @@ def domain_error(error: psycopg.Error) -> TidegateError:
         return AdminError(messages[constraint])
     if constraint.startswith("projects_") and constraint.endswith("_range"):
         limit = constraint.removeprefix("projects_").removesuffix("_range")
-        return AdminError(f"{limit} is out of range")
+        bound = PROJECT_BOUNDS.get(limit)
+        return AdminError(f"{limit} must be {bound}" if bound else f"{limit} is out of range")
     if error.sqlstate == "23502":  # not_null_violation: a value the checks let through
         return AdminError(f"{getattr(error.diag, 'column_name', None) or 'a field'} must be given")
     if error.sqlstate == "23514":  # check_violation of a constraint named nowhere above
         return AdminError(f"a value is out of range ({constraint})")
     raise error
-
-
-LIMIT_BOUNDS: Bounds = {
-    "fast_lane_cap": (0, MAX_COUNT, True),
-    "concurrency": (1, MAX_COUNT, True),
-    "ingest_rate": (MIN_RATE, MAX_RATE, False),
-    "ingest_burst": (1, MAX_COUNT, True),
-    "backlog_cap": (0, MAX_COUNT, True),
-}
-"""Each project limit's range and whether it is a whole number (tidegate.limits)."""
-TRIGGER_BOUNDS: Bounds = {
-    "max_body_bytes": (1, 104_857_600, True),
-    "sync_timeout_seconds": (0.001, 3600.0, False),
-    "forward_timeout_seconds": (0.001, forward.MAX_TIMEOUT_SECONDS, False),
-}
 
 
 def _check_limits(limits: dict[str, Any]) -> dict[str, Any]:
@@ -318,7 +307,7 @@ def _check_limits(limits: dict[str, Any]) -> dict[str, Any]:
             f"unknown project limit(s) {sorted(unknown)}; known: {list(PROJECT_LIMITS)}"
         )
     try:
-        return check_numbers(limits, LIMIT_BOUNDS)
+        return check_numbers(limits, PROJECT_BOUNDS)
     except InputError as error:
         raise AdminError(str(error)) from None
 

@@ -64,6 +64,7 @@ from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     DEFAULT_MAX_JSON_DEPTH,
+    SCHEDULE_BOUNDS,
     check_identifier,
     check_json,
     check_lane,
@@ -77,9 +78,6 @@ CATCH_UP = ("once", "all", "skip")
 OVERLAP = ("allow", "skip")
 DEFAULT_CATCH_UP = "once"
 DEFAULT_CATCH_UP_LIMIT = 100
-MAX_CATCH_UP_LIMIT = 10_000
-MIN_INTERVAL_SECONDS = 1.0
-MAX_INTERVAL_SECONDS = 10 * 365 * 24 * 3600.0
 LATE_SECONDS = 60.0
 """A tick later than this is missed, for the ``skip`` policy."""
 COUNT_LIMIT = 100_000
@@ -129,12 +127,6 @@ DEFAULTS: dict[str, Any] = {
 }
 """A new schedule's fields where none is given: lane, key, priority and max_attempts
 ``None`` are the task's."""
-BOUNDS = {
-    "priority": (0, 9, True),
-    "max_attempts": (1, 1000, True),
-    "interval_seconds": (MIN_INTERVAL_SECONDS, MAX_INTERVAL_SECONDS, False),
-    "catch_up_limit": (1, MAX_CATCH_UP_LIMIT, True),
-}
 
 
 NO_FAST_LANE = (
@@ -245,7 +237,7 @@ def time_zones() -> frozenset[str]:
 
 def _check(fields: dict[str, Any]) -> dict[str, Any]:
     try:
-        return check_numbers(fields, BOUNDS)
+        return check_numbers(fields, SCHEDULE_BOUNDS)
     except InputError as error:
         raise ScheduleError(str(error)) from None
 
@@ -258,7 +250,7 @@ def check_schedule(
     unknown = set(fields) - set(FIELDS)
     if unknown:
         raise ScheduleError(f"unknown schedule field(s) {sorted(unknown)}; known: {list(FIELDS)}")
-    checked = {**fields, **_check({name: fields[name] for name in BOUNDS})}
+    checked = {**fields, **_check({name: fields[name] for name in SCHEDULE_BOUNDS})}
     try:
         check_text(checked["task"], "task")
         if not isinstance(checked["args"], dict):
@@ -273,7 +265,7 @@ def check_schedule(
     except InputError as error:
         raise ScheduleError(str(error)) from None
     if checked["catch_up_limit"] is None:
-        raise ScheduleError("catch_up_limit must be a whole number from 1 to 10000, got None")
+        raise ScheduleError(f"catch_up_limit must be {SCHEDULE_BOUNDS['catch_up_limit']}, got None")
     if checked["catch_up"] not in CATCH_UP:
         raise ScheduleError(
             f"catch_up must be one of {list(CATCH_UP)}, got {checked['catch_up']!r}"

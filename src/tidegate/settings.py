@@ -2,7 +2,8 @@
 
 Every option has a ``DEFAULT_*`` value, can be set from a ``TIDEGATE_<NAME>`` environment
 variable (``TIDEGATE_LEASE_SECONDS=10``), and from the CLI, which overrides both.
-Durations carry their unit in the name.
+Durations carry their unit in the name. Every number has its range in
+``tidegate.limits.SETTING_BOUNDS``, which the CLI's options take too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from tidegate.errors import ConfigError, InputError
 from tidegate.lanes import WorkloopSpec, parse_workloops
-from tidegate.limits import check_token
+from tidegate.limits import SETTING_BOUNDS, check_token
 
 DEFAULT_SCHEMA = "tidegate"
 DEFAULT_DATA_DIR = Path(".tidegate")
@@ -61,31 +62,6 @@ DEFAULT_MAX_CLAIMS_PER_TOKEN = 1000
 DEFAULT_MAX_STREAMS = 500
 DEFAULT_MAX_STREAMS_PER_CALLER = 100
 LOG_FORMATS = ("text", "json")
-
-MAX_DURATION_SECONDS = 10 * 365 * 24 * 3600.0
-"""Ten years: any duration past it is a mistake, and PostgreSQL intervals stay exact."""
-COUNT_BOUNDS = {
-    "prune_batch": (1, 100_000),
-    "max_attempts": (1, 1000),
-    "pool_size": (1, 1000),
-    "max_body_bytes": (1, 104_857_600),
-    "api_processes": (1, 256),
-    "max_json_depth": (1, 512),
-    "max_api_body_bytes": (1, 104_857_600),
-    "max_head_bytes": (1024, 1024 * 1024),
-    "max_headers": (8, 1000),
-    "fast_lane_cap": (0, 2**31 - 1),
-    "port": (0, 65535),
-    "metrics_max_lanes": (3, 10_000),
-    "metrics_max_projects": (0, 10_000),
-    "metrics_max_keys": (0, 10_000),
-    "webhook_log_size": (0, 1_000_000),
-    "webhook_log_body_bytes": (0, 104_857_600),
-    "max_claims_per_token": (1, 1_000_000),
-    "max_streams": (1, 1_000_000),
-    "max_streams_per_caller": (1, 1_000_000),
-}
-"""The range of each whole-number setting: what the columns and the code can hold."""
 
 ENV_PREFIX = "TIDEGATE_"
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
@@ -181,18 +157,11 @@ class Settings:
                 raise ConfigError(
                     f"database_url is neither a postgresql:// URL nor a conninfo string: {error}"
                 ) from None
-        for f in fields(self):
-            if not f.name.endswith("_seconds"):
-                continue
-            value = getattr(self, f.name)
-            if not 0 < value <= MAX_DURATION_SECONDS:
-                raise ConfigError(
-                    f"{f.name} must be > 0 and <= {MAX_DURATION_SECONDS:.0f} seconds, got {value!r}"
-                )
-        for name, (low, high) in COUNT_BOUNDS.items():
-            value = getattr(self, name)
-            if not low <= value <= high:
-                raise ConfigError(f"{name} must be {low} to {high}, got {value!r}")
+        for name, bound in SETTING_BOUNDS.items():
+            try:
+                object.__setattr__(self, name, bound.check(getattr(self, name), name))
+            except InputError as error:
+                raise ConfigError(str(error)) from None
         if self.admin_token is not None:
             try:
                 check_token(self.admin_token, "admin_token")

@@ -28,17 +28,15 @@ from tidegate.limits import (
     MAX_ID,
     MAX_NAME_CHARS,
     MAX_TEXT_CHARS,
-    Count,
-    PositiveCount,
+    POLICY_BOUNDS,
+    PROJECT_BOUNDS,
+    SCHEDULE_BOUNDS,
+    TRIGGER_BOUNDS,
     ProjectId,
-    Rate,
     Text,
     TriggerName,
-    Weight,
 )
 from tidegate.policies import (
-    MAX_BREAKER_PROBES,
-    MAX_BREAKER_SECONDS,
     PolicyError,
     clear_key_policy,
     force_breaker,
@@ -61,9 +59,6 @@ from tidegate.projects import (
     update_trigger,
 )
 from tidegate.schedules import (
-    MAX_CATCH_UP_LIMIT,
-    MAX_INTERVAL_SECONDS,
-    MIN_INTERVAL_SECONDS,
     ScheduleError,
     create_schedule,
     delete_schedule,
@@ -89,8 +84,6 @@ LanePath = Annotated[str, Path(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_
 LaneQuery = Annotated[
     str | None, Query(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)
 ]
-Seconds = Annotated[float, Field(ge=0.1, le=MAX_BREAKER_SECONDS, allow_inf_nan=False)]
-"""A breaker's window or cooldown."""
 
 
 class KeyConvertor(PathConvertor):
@@ -143,19 +136,25 @@ ForwardHeaders = Annotated[
 
 
 class ProjectLimits(BaseModel):
+    """A project's limits, each within its bound (``tidegate.limits.PROJECT_BOUNDS``)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    fast_lane_cap: Count | None = Field(
-        None, description="in-flight fast-lane runs; null: the server default"
+    fast_lane_cap: int | None = PROJECT_BOUNDS["fast_lane_cap"].field(
+        description="in-flight fast-lane runs; null: the server default"
     )
-    concurrency: PositiveCount | None = Field(
-        None, description="in-flight runs outside the fast lane"
+    concurrency: int | None = PROJECT_BOUNDS["concurrency"].field(
+        description="in-flight runs outside the fast lane"
     )
-    ingest_rate: Rate | None = Field(None, description="webhooks per second; null: unlimited")
-    ingest_burst: PositiveCount | None = Field(
-        None, description="webhooks allowed at once above the rate"
+    ingest_rate: float | None = PROJECT_BOUNDS["ingest_rate"].field(
+        description="webhooks per second; null: unlimited"
     )
-    backlog_cap: Count | None = Field(None, description="ready runs per lane; null: unlimited")
+    ingest_burst: int | None = PROJECT_BOUNDS["ingest_burst"].field(
+        description="webhooks allowed at once above the rate"
+    )
+    backlog_cap: int | None = PROJECT_BOUNDS["backlog_cap"].field(
+        description="ready runs per lane; null: unlimited"
+    )
 
 
 class NewProject(ProjectLimits):
@@ -163,22 +162,22 @@ class NewProject(ProjectLimits):
 
 
 class TriggerFields(BaseModel):
+    """A trigger's fields; its numbers within their bounds (``TRIGGER_BOUNDS``)."""
+
     model_config = ConfigDict(extra="forbid")
 
     mode: Literal["async", "sync"] | None = None
     task: Text | None = None
     secret: Secret | None = None
-    max_body_bytes: int | None = Field(None, ge=1, le=104_857_600)
-    sync_timeout_seconds: float | None = Field(None, gt=0, le=3600, allow_inf_nan=False)
+    max_body_bytes: int | None = TRIGGER_BOUNDS["max_body_bytes"].field()
+    sync_timeout_seconds: float | None = TRIGGER_BOUNDS["sync_timeout_seconds"].field()
     enabled: bool | None = None
     forward_url: ForwardUrl | None = Field(
         None, description="deliver each webhook here (task tidegate.forward); null: do not"
     )
     forward_method: Literal["POST", "PUT", "PATCH"] | None = None
     forward_headers: ForwardHeaders | None = None
-    forward_timeout_seconds: float | None = Field(
-        None, gt=0, le=forward.MAX_TIMEOUT_SECONDS, allow_inf_nan=False
-    )
+    forward_timeout_seconds: float | None = TRIGGER_BOUNDS["forward_timeout_seconds"].field()
     forward_secret: Secret | None = Field(
         None, description="sign what is sent (Standard Webhooks); never shown back"
     )
@@ -337,40 +336,42 @@ async def patch_trigger(
 
 
 class KeyPolicy(BaseModel):
+    """A key's policy in a lane, each field within its bound (``POLICY_BOUNDS``)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    max_running: Count | None = Field(None, description="the key's runs in flight; null: no limit")
-    weight: Weight | None = Field(None, description="the key's share of claims (default 1)")
-    rate: Rate | None = Field(None, description="runs started per second; null: no limit")
-    rate_burst: PositiveCount | None = Field(None, description="starts at once above the rate")
-    breaker_failures: PositiveCount | None = Field(
-        None, description="circuit breaker: open after this many failed attempts in the window"
+    max_running: int | None = POLICY_BOUNDS["max_running"].field(
+        description="the key's runs in flight; null: no limit"
     )
-    breaker_ratio: float | None = Field(
-        None,
-        ge=0.01,
-        le=1,
-        allow_inf_nan=False,
-        description="or: open when this share of the window's attempts failed",
+    weight: float | None = POLICY_BOUNDS["weight"].field(
+        description="the key's share of claims (default 1)"
     )
-    breaker_min_attempts: PositiveCount | None = Field(
-        None, description="the ratio needs at least this many attempts (default 10)"
+    rate: float | None = POLICY_BOUNDS["rate"].field(
+        description="runs started per second; null: no limit"
     )
-    breaker_window_seconds: Seconds | None = Field(
-        None, description="the window failures are counted in (default 60)"
+    rate_burst: int | None = POLICY_BOUNDS["rate_burst"].field(
+        description="starts at once above the rate"
     )
-    breaker_cooldown_seconds: Seconds | None = Field(
-        None, description="how long it stays open at first (default 30)"
+    breaker_failures: int | None = POLICY_BOUNDS["breaker_failures"].field(
+        description="circuit breaker: open after this many failed attempts in the window"
     )
-    breaker_max_cooldown_seconds: float | None = Field(
-        None,
-        ge=0.1,
-        le=7 * MAX_BREAKER_SECONDS,
-        allow_inf_nan=False,
-        description="each failed probe doubles the cooldown up to this (default 600)",
+    breaker_ratio: float | None = POLICY_BOUNDS["breaker_ratio"].field(
+        description="or: open when this share of the window's attempts failed"
     )
-    breaker_probes: int | None = Field(
-        None, ge=1, le=MAX_BREAKER_PROBES, description="half-open: probe runs at once (default 1)"
+    breaker_min_attempts: int | None = POLICY_BOUNDS["breaker_min_attempts"].field(
+        description="the ratio needs at least this many attempts (default 10)"
+    )
+    breaker_window_seconds: float | None = POLICY_BOUNDS["breaker_window_seconds"].field(
+        description="the window failures are counted in (default 60)"
+    )
+    breaker_cooldown_seconds: float | None = POLICY_BOUNDS["breaker_cooldown_seconds"].field(
+        description="how long it stays open at first (default 30)"
+    )
+    breaker_max_cooldown_seconds: float | None = POLICY_BOUNDS[
+        "breaker_max_cooldown_seconds"
+    ].field(description="each failed probe doubles the cooldown up to this (default 600)")
+    breaker_probes: int | None = POLICY_BOUNDS["breaker_probes"].field(
+        description="half-open: probe runs at once (default 1)"
     )
 
 
@@ -429,19 +430,17 @@ class ScheduleFields(BaseModel):
         Annotated[str, Field(pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)] | None
     ) = None
     key: Text | None = None
-    priority: int | None = Field(None, ge=0, le=9)
-    max_attempts: int | None = Field(None, ge=1, le=1000)
+    priority: int | None = SCHEDULE_BOUNDS["priority"].field()
+    max_attempts: int | None = SCHEDULE_BOUNDS["max_attempts"].field()
     cron: str | None = Field(
         None, max_length=255, description="5 fields, 6 with seconds first, or @daily etc."
     )
-    interval_seconds: float | None = Field(
-        None, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS, allow_inf_nan=False
-    )
+    interval_seconds: float | None = SCHEDULE_BOUNDS["interval_seconds"].field()
     timezone: str | None = Field(None, max_length=64, description="IANA name; default UTC")
     catch_up: Literal["once", "all", "skip"] | None = Field(
         None, description="after downtime: the newest missed tick (once), each (all), none"
     )
-    catch_up_limit: int | None = Field(None, ge=1, le=MAX_CATCH_UP_LIMIT)
+    catch_up_limit: int | None = SCHEDULE_BOUNDS["catch_up_limit"].field()
     overlap: Literal["allow", "skip"] | None = Field(
         None, description="while its last run has yet to finish: another run, or none"
     )

@@ -1,0 +1,159 @@
+"""Each field's range is declared once (``tidegate.limits``) and every boundary holds it.
+
+The admin API's models, the CLI's options and the library's checks are built from the
+declaration; the tests here prove that each of them takes both ends of every range and
+refuses what lies just past them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import fields
+from typing import Any
+
+import click
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from tidegate import Settings
+from tidegate.api.admin import KeyPolicy, ProjectLimits, ScheduleFields, TriggerFields
+from tidegate.cli import main
+from tidegate.errors import ConfigError, InputError
+from tidegate.limits import (
+    ATTEMPTS,
+    POLICY_BOUNDS,
+    PRIORITY,
+    PROJECT_BOUNDS,
+    SCHEDULE_BOUNDS,
+    SETTING_BOUNDS,
+    TRIGGER_BOUNDS,
+    Bound,
+    Bounds,
+)
+from tidegate.policies import set_key_policy
+from tidegate.projects import create_project, update_trigger
+from tidegate.schedules import new_schedule
+
+TABLES: dict[str, Bounds] = {
+    "projects": PROJECT_BOUNDS,
+    "triggers": TRIGGER_BOUNDS,
+    "key_policies": POLICY_BOUNDS,
+    "schedules": SCHEDULE_BOUNDS,
+}
+"""The tables whose numeric columns are declared, each with its declaration."""
+
+MODELS: list[tuple[type[BaseModel], Bounds]] = [
+    (ProjectLimits, PROJECT_BOUNDS),
+    (TriggerFields, TRIGGER_BOUNDS),
+    (KeyPolicy, POLICY_BOUNDS),
+    (ScheduleFields, SCHEDULE_BOUNDS),
+]
+
+COMMANDS: list[tuple[tuple[str, ...], Bounds, bool]] = [
+    (("projects", "create"), PROJECT_BOUNDS, True),
+    (("projects", "update"), PROJECT_BOUNDS, True),
+    (("triggers", "create"), TRIGGER_BOUNDS, False),
+    (("triggers", "update"), TRIGGER_BOUNDS, False),
+    (("keys", "set"), POLICY_BOUNDS, True),
+    (("schedules", "create"), SCHEDULE_BOUNDS, True),
+    (("enqueue",), {"priority": PRIORITY, "max_attempts": ATTEMPTS}, True),
+    (("serve",), SETTING_BOUNDS, False),
+    (("worker",), SETTING_BOUNDS, False),
+]
+"""Each command with numeric options, the declaration they follow, and whether it has an
+option for every field of it."""
+
+LIBRARY: dict[str, Callable[[str, Any], Any]] = {
+    "projects": lambda name, value: next(create_project("acme", **{name: value})),
+    "triggers": lambda name, value: next(update_trigger(1, **{name: value})),
+    "key_policies": lambda name, value: next(set_key_policy("default", "k", **{name: value})),
+    "schedules": lambda name, value: new_schedule(
+        "acme", "nightly", "echo", **{"interval_seconds": 60.0, name: value}
+    ),
+}
+"""A library call per table that checks one field before it writes anything."""
+
+
+def ends(bound: Bound) -> list[float]:
+    """Values the bound takes: its ends (the lowest past ``low`` when ``above``)."""
+    if bound.above:
+        return [math.nextafter(bound.low, math.inf), bound.high]
+    return [bound.low, bound.high]
+
+
+def past(bound: Bound) -> list[float]:
+    """Values just outside the bound, and one that is not a whole number when it must be."""
+    if bound.whole:
+        return [bound.low - 1, bound.high + 1, bound.low + 0.5]
+    low = bound.low if bound.above else math.nextafter(bound.low, -math.inf)
+    return [low, math.nextafter(bound.high, math.inf), math.nan, math.inf]
+
+
+def declared() -> Iterator[tuple[str, str, Bound]]:
+    for table, bounds in TABLES.items():
+        for name, bound in bounds.items():
+            yield table, name, bound
+
+
+def test_every_number_among_the_settings_has_a_declared_range() -> None:
+    numbers = {
+        f.name for f in fields(Settings) if f.init and f.type in ("int", "float", int, float)
+    }
+    assert numbers == set(SETTING_BOUNDS)
+
+
+@pytest.mark.parametrize(("name", "bound"), sorted(SETTING_BOUNDS.items()))
+def test_each_setting_holds_its_declared_range(name: str, bound: Bound) -> None:
+    for value in ends(bound):
+        try:
+            assert getattr(Settings(**{name: value}), name) == value
+        except ConfigError as error:  # the range took it; the heartbeat's rule did not
+            assert "must be shorter than lease_seconds" in str(error)
+    for value in past(bound):
+        with pytest.raises(ConfigError, match=name):
+            Settings(**{name: value})
+
+
+@pytest.mark.parametrize(("model", "bounds"), MODELS, ids=lambda m: getattr(m, "__name__", ""))
+def test_each_admin_model_holds_the_declared_ranges(model: type[BaseModel], bounds: Bounds) -> None:
+    assert set(bounds) <= set(model.model_fields)
+    for name, bound in bounds.items():
+        for value in ends(bound):
+            assert getattr(model(**{name: value}), name) == value
+        for value in past(bound):
+            with pytest.raises(ValidationError):
+                model(**{name: value})
+
+
+@pytest.mark.parametrize(
+    ("path", "bounds", "every"), COMMANDS, ids=lambda p: " ".join(p) if isinstance(p, tuple) else ""
+)
+def test_each_cli_option_holds_the_declared_range(
+    path: tuple[str, ...], bounds: Bounds, every: bool
+) -> None:
+    command: click.Command = main
+    for name in path:
+        assert isinstance(command, click.Group)
+        command = command.commands[name]
+    options = {
+        param.name: param.type
+        for param in command.params
+        if isinstance(param, click.Option) and param.name in bounds
+    }
+    if every:
+        assert set(options) == set(bounds)
+    assert options, path
+    for name, kind in options.items():
+        bound = bounds[name]
+        assert isinstance(kind, click.IntRange if bound.whole else click.FloatRange), name
+        assert (kind.min, kind.max) == (bound.low, bound.high), name
+        assert (kind.min_open, kind.max_open) == (bound.above, False), name
+
+
+@pytest.mark.parametrize(("table", "name", "bound"), list(declared()))
+def test_the_library_holds_each_declared_range(table: str, name: str, bound: Bound) -> None:
+    check = LIBRARY[table]
+    for value in past(bound):
+        with pytest.raises(InputError, match=name):
+            check(name, value)
