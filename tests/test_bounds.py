@@ -2,26 +2,31 @@
 
 The admin API's models, the CLI's options and the library's checks are built from the
 declaration; the tests here prove that each of them takes both ends of every range and
-refuses what lies just past them.
+refuses what lies just past them. The database's CHECK constraints cannot import Python:
+they are read back from a migrated schema's catalogs and compared with the declaration,
+so that a change on either side alone fails here.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
 
 import click
+import psycopg
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from tidegate import Settings
+from tidegate import Settings, Tidegate
 from tidegate.api.admin import KeyPolicy, ProjectLimits, ScheduleFields, TriggerFields
 from tidegate.cli import main
 from tidegate.errors import ConfigError, InputError
 from tidegate.limits import (
     ATTEMPTS,
+    MAX_SLOTS,
     POLICY_BOUNDS,
     PRIORITY,
     PROJECT_BOUNDS,
@@ -157,3 +162,97 @@ def test_the_library_holds_each_declared_range(table: str, name: str, bound: Bou
     for value in past(bound):
         with pytest.raises(InputError, match=name):
             check(name, value)
+
+
+def column_ranges(conn: psycopg.Connection, schema: str) -> dict[tuple[str, str], Any]:
+    """Every numeric column of ``TABLES`` with the range its type and CHECKs allow:
+    ``(low, low_open, high, high_open)``, and whether a CHECK bounds it at all."""
+    rows = conn.execute(
+        """
+        SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod),
+               coalesce(array_agg(pg_get_constraintdef(k.oid))
+                        FILTER (WHERE k.oid IS NOT NULL), '{}')
+        FROM pg_class c
+        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+        LEFT JOIN pg_constraint k
+          ON k.conrelid = c.oid AND k.contype = 'c' AND k.conkey = ARRAY[a.attnum]
+        WHERE c.relnamespace = %(schema)s::regnamespace AND c.relname = ANY(%(tables)s)
+          AND format_type(a.atttypid, a.atttypmod)
+              IN ('smallint', 'integer', 'bigint', 'double precision')
+        GROUP BY 1, 2, 3
+        """,
+        {"schema": schema, "tables": list(TABLES)},
+    ).fetchall()
+    return {
+        (table, column): sql_range(column, kind, checks) for table, column, kind, checks in rows
+    }
+
+
+TYPE_RANGES = {
+    "smallint": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "bigint": (-(2**63), 2**63 - 1),
+    "double precision": (-math.inf, math.inf),
+}
+COMPARISON = re.compile(r"\((\w+) (>=|>|<=|<) \(?(-?[0-9.]+)\)?(?:::[a-z ]+)?\)")
+
+
+def sql_range(column: str, kind: str, checks: list[str]) -> tuple[Any, ...]:
+    """The range of ``column`` (of type ``kind``) under its CHECKs: ``pg_get_constraintdef``
+    writes ``BETWEEN a AND b`` as ``((c >= a) AND (c <= b))``."""
+    low, high = TYPE_RANGES[kind]
+    low_open = high_open = False
+    checked = False
+    whole = kind != "double precision"
+    for check in checks:
+        for name, operator, text in COMPARISON.findall(check):
+            if name != column:
+                continue
+            checked = True
+            value = float(text)
+            if operator in (">=", ">") and value >= low:
+                low, low_open = value, operator == ">"
+            if operator in ("<=", "<") and value <= high:
+                high, high_open = value, operator == "<"
+    if whole:  # an integer over 0 is one from 1
+        low, low_open = (low + 1 if low_open else low), False
+        high, high_open = (high - 1 if high_open else high), False
+    return float(low), low_open, float(high), high_open, checked
+
+
+def expected(bound: Bound) -> tuple[Any, ...]:
+    low, above = float(bound.low), bound.above
+    if bound.whole and above:
+        low, above = low + 1, False
+    return low, above, float(bound.high), False, True
+
+
+@pytest.mark.db
+def test_every_check_constraint_agrees_with_its_declared_range(app: Tidegate) -> None:
+    with app.database.connect() as conn:
+        ranges = column_ranges(conn, app.settings.schema)
+    disagree = {
+        f"{table}.{name}": (ranges.get((table, name)), expected(bound))
+        for table, name, bound in declared()
+        if ranges.get((table, name), ())[:4] != expected(bound)[:4]
+    }
+    assert not disagree, "(database, declared) ranges differ"
+    undeclared = sorted(
+        f"{table}.{column}"
+        for (table, column), found in ranges.items()
+        if found[4] and column not in TABLES[table]
+    )
+    assert not undeclared, "CHECKs of ranges that tidegate.limits does not declare"
+
+
+@pytest.mark.db
+def test_the_workers_table_holds_a_workloops_declared_slots(app: Tidegate) -> None:
+    with app.database.connect() as conn:
+        (check,) = conn.execute(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conname = 'workers_slots_bounded' AND connamespace = %s::regnamespace",
+            [app.settings.schema],
+        ).fetchone() or (None,)
+    assert isinstance(check, str)
+    refused = re.findall(r'@\."slots" ([<>]) ([0-9]+)', check)
+    assert sorted(refused) == [("<", "1"), (">", str(MAX_SLOTS))]

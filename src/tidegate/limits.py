@@ -40,8 +40,9 @@ schedule and the settings hold have their ranges here, one ``Bound`` per field, 
 table per kind (``PROJECT_BOUNDS``, ``TRIGGER_BOUNDS``, ``POLICY_BOUNDS``,
 ``SCHEDULE_BOUNDS``, ``SETTING_BOUNDS``). Every boundary is built from them: the library's
 checks (``Bound.check``), the admin API's models (``Bound.field``), the CLI's options
-(``cli.bounded``); tests/test_bounds.py proves that each takes both ends of every range
-and refuses what lies past them.
+(``cli.bounded``). The database's CHECK constraints cannot import them and restate them
+instead; tests/test_bounds.py reads the constraints back from a migrated schema and
+fails when one says other than its declaration.
 """
 
 from __future__ import annotations

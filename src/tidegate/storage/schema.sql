@@ -231,11 +231,12 @@ CREATE TABLE projects (
     created_at     timestamptz NOT NULL DEFAULT now(),
     updated_at     timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT projects_id_format CHECK (id ~ '^[A-Za-z0-9_.-]{1,64}$'),
+    -- The ranges of tidegate.limits.PROJECT_BOUNDS, held by the database too (an integer
+    -- column's type is its upper end; tests/test_bounds.py checks that they agree): 1/rate
+    -- becomes an interval in every admission, and a value past them (a rate of 1e-20
+    -- overflows make_interval) would fail every admission of the project.
     CONSTRAINT projects_fast_lane_cap_range CHECK (fast_lane_cap >= 0),
     CONSTRAINT projects_concurrency_range CHECK (concurrency >= 1),
-    -- The bounds of tidegate.limits, held by the database too: 1/rate becomes an
-    -- interval in every admission, and a value past them (a rate of 1e-20 overflows
-    -- make_interval) would fail every admission of the project.
     CONSTRAINT projects_ingest_rate_range CHECK (ingest_rate BETWEEN 0.001 AND 1000000),
     CONSTRAINT projects_ingest_burst_range CHECK (ingest_burst >= 1),
     CONSTRAINT projects_backlog_cap_range CHECK (backlog_cap >= 0)
@@ -272,8 +273,10 @@ CREATE TABLE triggers (
     breaker_key             text,
     CONSTRAINT triggers_name_unique UNIQUE (project, name),
     CONSTRAINT triggers_mode_valid CHECK (mode IN ('async', 'sync')),
+    -- The numbers' ranges are tidegate.limits.TRIGGER_BOUNDS (tests/test_bounds.py
+    -- checks that they agree).
     CONSTRAINT triggers_max_body_range CHECK (max_body_bytes BETWEEN 1 AND 104857600),
-    CONSTRAINT triggers_sync_timeout_range CHECK (sync_timeout_seconds > 0),
+    CONSTRAINT triggers_sync_timeout_range CHECK (sync_timeout_seconds BETWEEN 0.001 AND 3600),
     -- The same bounds as the admin API's, so that no other writer can store what the
     -- task could not send.
     CONSTRAINT triggers_forward_url_valid
@@ -283,7 +286,7 @@ CREATE TABLE triggers (
     CONSTRAINT triggers_forward_headers_range
         CHECK (cardinality(forward_headers) <= 32),
     CONSTRAINT triggers_forward_timeout_range
-        CHECK (forward_timeout_seconds > 0 AND forward_timeout_seconds <= 300),
+        CHECK (forward_timeout_seconds BETWEEN 0.001 AND 300),
     CONSTRAINT triggers_breaker_key_range
         CHECK (length(breaker_key) BETWEEN 1 AND 255),
     -- A forwarding trigger's runs are the forwarding task's: any other handler would
@@ -391,16 +394,16 @@ CREATE TABLE key_policies (
     breaker_max_cooldown_seconds float8,  -- doubling stops here; default 600
     breaker_probes               integer, -- half-open: runs in flight; default 1
     PRIMARY KEY (lane, key),
+    -- The ranges of tidegate.limits.POLICY_BOUNDS, held by the database too (an integer
+    -- column's type is its upper end; tests/test_bounds.py checks that they agree): 1/rate
+    -- and 1/weight become intervals and clock steps in every claim, and a value past them
+    -- (a rate of 1e-20 overflows make_interval) would fail every claim of its lane.
     CONSTRAINT key_policies_max_running_range CHECK (max_running >= 0),
-    -- The bounds of tidegate.limits and tidegate.policies, held by the database too:
-    -- 1/rate and 1/weight become intervals and clock steps in every claim, and a value
-    -- past them (a rate of 1e-20 overflows make_interval) would fail every claim of its
-    -- lane.
     CONSTRAINT key_policies_weight_range CHECK (weight BETWEEN 0.001 AND 1000),
     CONSTRAINT key_policies_rate_range CHECK (rate BETWEEN 0.001 AND 1000000),
     CONSTRAINT key_policies_rate_burst_range CHECK (rate_burst >= 1),
     CONSTRAINT key_policies_breaker_failures_range CHECK (breaker_failures >= 1),
-    CONSTRAINT key_policies_breaker_ratio_range CHECK (breaker_ratio > 0 AND breaker_ratio <= 1),
+    CONSTRAINT key_policies_breaker_ratio_range CHECK (breaker_ratio BETWEEN 0.01 AND 1),
     CONSTRAINT key_policies_breaker_min_attempts_range CHECK (breaker_min_attempts >= 1),
     CONSTRAINT key_policies_breaker_window_range
         CHECK (breaker_window_seconds BETWEEN 0.1 AND 86400),
@@ -491,6 +494,7 @@ CREATE TABLE schedules (
     updated_at       timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT schedules_name_unique UNIQUE (project, name),
     CONSTRAINT schedules_one_spec CHECK ((cron IS NULL) <> (interval_seconds IS NULL)),
+    -- The ranges of tidegate.limits.SCHEDULE_BOUNDS (tests/test_bounds.py checks them).
     CONSTRAINT schedules_interval_range CHECK (interval_seconds BETWEEN 1 AND 315360000),
     CONSTRAINT schedules_catch_up_policy CHECK (catch_up IN ('all', 'once', 'skip')),
     CONSTRAINT schedules_overlap_policy CHECK (overlap IN ('allow', 'skip')),
