@@ -5,7 +5,8 @@ content, and what the admission may answer.
 request (``validate``: content type, JSON, signature, idempotency key) and admits it in
 one statement; the dashboard's Replay (ui/triggers.py) runs the same checks again on a
 logged request before it makes a run of it, and replays only what the admission
-refused for a reason of the moment (``REPLAYABLE``).
+refused for a reason of the moment (``REPLAYABLE``, from the verdicts declared in
+tidegate.admission).
 """
 
 from __future__ import annotations
@@ -16,19 +17,14 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from tidegate.admission import REFUSALS, Outcome, Unjudged, Verdict
 from tidegate.errors import InputError
 from tidegate.forward import breaker_key_of
 from tidegate.limits import check_text, parse_json
 from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.storage.sql import Statement, Steps
 
-ADMISSION_REFUSALS = frozenset(
-    {"rate_limited", "over_cap", "breaker_open", "no_worker", "no_capacity", "backlog_full"}
-)
-"""The admission's refusals (``admit_webhook``'s decisions that make no run). Each came
-after the request passed every check of its own (``validate``), for a reason of the
-moment: a limit, the workers' capacity, a breaker."""
-REPLAYABLE = ADMISSION_REFUSALS | {"replayed", "unavailable"}
+REPLAYABLE: frozenset[Outcome] = REFUSALS | {Verdict.REPLAYED, Unjudged.UNAVAILABLE}
 """The outcomes of logged requests that a replay may turn into a run: those refused (or
 answered with an earlier run) after ``validate`` passed them. A request refused for its
 own content (its signature, its body, its content type) is refused again, never run."""

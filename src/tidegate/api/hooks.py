@@ -24,7 +24,6 @@ import asyncio
 import base64
 import json
 import logging
-import math
 import re
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping
@@ -38,6 +37,7 @@ from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 from starlette.requests import ClientDisconnect
 
+from tidegate.admission import RETRY_AFTER_MIN_SECONDS, Outcome, Unjudged, Verdict
 from tidegate.api import events
 from tidegate.api.guard import CLOSE
 from tidegate.api.kernel import (
@@ -62,12 +62,6 @@ from tidegate.webhooks import Invalid, Trigger, find_trigger, validate
 router = APIRouter(tags=["webhooks"])
 log = logging.getLogger("tidegate.ingress")
 
-RETRY_AFTER_MIN_SECONDS = 1
-RETRY_AFTER_MAX_SECONDS = 60
-NO_WORKER_RETRY_SECONDS = 5
-"""Retry-After when no worker can take a sync run: about how long a worker takes to start."""
-FORCED_OPEN_RETRY_SECONDS = 60
-"""Retry-After while a key's breaker is forced open: no cooldown says when it ends."""
 MAX_TOKEN_CHARS = 128
 """Longer than any trigger token: not looked up."""
 TRIGGER_CACHE_SECONDS = 1.0
@@ -87,14 +81,16 @@ NO_CONTENT = frozenset({204, 205, 304})
 
 
 OUTCOMES = {
-    400: "bad_request",
-    401: "bad_signature",
-    404: "unknown_trigger",
-    413: "too_large",
-    415: "not_json",
-    CLIENT_GONE: "disconnected",
+    400: Unjudged.BAD_REQUEST,
+    401: Unjudged.BAD_SIGNATURE,
+    404: Unjudged.UNKNOWN_TRIGGER,
+    413: Unjudged.TOO_LARGE,
+    415: Unjudged.NOT_JSON,
+    CLIENT_GONE: Unjudged.DISCONNECTED,
 }
-"""The outcome of a request refused before admission, by its status."""
+"""The outcome of a request refused before admission, by its status. An answer no
+outcome names (a 422 or a 500 from a database error: a bug) is counted as
+``status_<status>``."""
 
 
 class BodyTooLarge(Exception):
@@ -140,7 +136,7 @@ async def receive(token: str, request: Request) -> Response:
             response = await _receive(ingress, token, request, note)
         except psycopg.Error as error:
             response = database_problem(error, request.method, request.url.path)
-            note.outcome = "unavailable" if response.status_code == 503 else None
+            note.outcome = Unjudged.UNAVAILABLE if response.status_code == 503 else None
         except ClientDisconnect:
             response = client_gone(request.method, request.url.path)
         _record(ingress, note, response, time.monotonic() - started, admitting)
@@ -158,15 +154,16 @@ class Note:
     """None while the body is unread (a refusal before it: the log keeps none)."""
     content_type: str | None = None
     idempotency_key: str | None = None
-    outcome: str | None = None
-    """The admission's decision, once made; until then the status says (``OUTCOMES``)."""
+    outcome: Outcome | None = None
+    """The admission's verdict, once made, or why none was; else the status says
+    (``OUTCOMES``)."""
     run_id: int | None = None
 
 
 def _record(ingress: Api, note: Note, response: Response, seconds: float, admitting: Span) -> None:
     """Count the answer; keep a request to a known trigger that made no run for the log."""
     status = response.status_code
-    outcome = note.outcome or OUTCOMES.get(status, f"status_{status}")
+    outcome: str = note.outcome or OUTCOMES.get(status) or f"status_{status}"
     trigger = note.trigger
     project, mode = (trigger.project, trigger.mode) if trigger else ("", "")
     ingress.ledger.count(project, mode, outcome, status, seconds)
@@ -175,7 +172,7 @@ def _record(ingress: Api, note: Note, response: Response, seconds: float, admitt
         admitting.note(trigger=trigger.name)
     if note.run_id is not None:
         admitting.note(run_id=note.run_id)
-    if trigger is None or outcome == "admitted":
+    if trigger is None or outcome == Verdict.ADMITTED:
         return
     body = note.body or b""
     limit = ingress.settings.webhook_log_body_bytes
@@ -212,7 +209,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
     note.headers = headers
     note.content_type = request.headers.get("content-type")
     if not trigger.enabled:
-        note.outcome = "disabled"
+        note.outcome = Unjudged.DISABLED
         return problem(404, "unknown trigger")
     limit = min(trigger.max_body_bytes, settings.max_body_bytes)
     declared = request.headers.get("content-length")
@@ -252,7 +249,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         try:
             give_back = ingress.streams.take(f"hooks:{trigger.project}")
         except Full as full:
-            note.outcome = "too_many_streams"
+            note.outcome = Unjudged.TOO_MANY_STREAMS
             return problem(full.status, full.title, full.headers)
 
     lane = FAST_LANE if trigger.mode == "sync" else "default"
@@ -261,7 +258,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         decision = await ingress.run(
             _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
         )
-        note.outcome = decision["decision"]
+        note.outcome = Verdict(decision["decision"])
         note.run_id = decision["run_id"]
         response = await _answer(ingress, trigger, decision, stream_after, give_back)
         return response
@@ -277,53 +274,22 @@ async def _answer(
     stream_after: int | None,
     give_back: Callable[[], None],
 ) -> Response:
-    """The answer to an admission's decision. A sync caller that asked for server-sent
-    events (``stream_after``: the last event it has seen) gets the run's progress as it
-    happens, then its reply as the ``result`` event, in a stream that gives its place
-    back (``give_back``) when it ends."""
-    verdict = decision["decision"]
+    """The answer to an admission's verdict: a refusal as its ``Refusal`` says
+    (tidegate.admission), else the run's. A sync caller that asked for server-sent events
+    (``stream_after``: the last event it has seen) gets the run's progress as it happens,
+    then its reply as the ``result`` event, in a stream that gives its place back
+    (``give_back``) when it ends."""
+    verdict = Verdict(decision["decision"])
+    refusal = verdict.refusal
+    if refusal is not None:
+        wait = refusal.wait(decision["retry_after"])
+        fields = LIMIT_FIELDS[refusal.limits](decision, 0, wait) if refusal.limits else {}
+        extra = {"cap": decision["fast_lane_cap"]} if refusal.limits == "fast_lane" else {}
+        title = refusal.title.format(key=trigger.run_key, task=trigger.task)
+        return problem(refusal.status, title, {**fields, "Retry-After": str(wait)}, **extra)
     limits = _rate_limit_headers(decision)
-    if verdict == "rate_limited":
-        wait = _retry_after(decision["retry_after"])
-        return problem(
-            429,
-            "the project's ingest rate is exceeded",
-            {**_ingest_headers(decision, 0, wait), "Retry-After": str(wait)},
-        )
-    if verdict == "over_cap":
-        wait = _retry_after(decision["retry_after"])
-        return problem(
-            429,
-            "the project's fast-lane cap is reached",
-            {**_fast_lane_headers(decision, 0, wait), "Retry-After": str(wait)},
-            cap=decision["fast_lane_cap"],
-        )
-    if verdict == "breaker_open":
-        return problem(
-            503,
-            f"the circuit breaker of key {trigger.run_key!r} is open: its downstream is failing",
-            {"Retry-After": str(_breaker_wait(decision["retry_after"]))},
-        )
-    if verdict == "no_worker":
-        return problem(
-            503,
-            f"no live worker has task {trigger.task!r} and a slot that takes the fast lane",
-            {"Retry-After": str(_retry_after(None, default=NO_WORKER_RETRY_SECONDS))},
-        )
-    if verdict == "no_capacity":
-        return problem(
-            503,
-            "no worker has a free fast-lane slot",
-            {"Retry-After": str(_retry_after(decision["retry_after"]))},
-        )
-    if verdict == "backlog_full":
-        return problem(
-            503,
-            "the project's backlog is full",
-            {"Retry-After": str(_retry_after(None, default=5))},
-        )
     run_id = decision["run_id"]
-    if verdict == "replayed":
+    if verdict is Verdict.REPLAYED:
         limits = {"Idempotent-Replayed": "true"}
     location = {"Location": f"/runs/{run_id}"}
     if trigger.mode == "async":
@@ -353,7 +319,7 @@ async def _answer(
 
         return events.EventStream(stream, {**limits, **location}, give_back)
     run = await _wait_for(
-        ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict == "replayed"
+        ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict is Verdict.REPLAYED
     )
     if run is None or not run.state.finished:
         return JSONResponse(
@@ -469,21 +435,6 @@ def _handler_reply(reply: dict[str, Any], headers: dict[str, str]) -> Response:
     return Response(content, status_code=status, headers={**headers, **extra}, media_type=media)
 
 
-def _breaker_wait(seconds: float | None) -> int:
-    """Whole seconds until an open breaker's cooldown ends: what the caller should wait,
-    not clamped (a cooldown doubles up to its policy's cap)."""
-    if seconds is None:
-        return FORCED_OPEN_RETRY_SECONDS
-    return max(RETRY_AFTER_MIN_SECONDS, math.ceil(seconds))
-
-
-def _retry_after(seconds: float | None, default: int = RETRY_AFTER_MIN_SECONDS) -> int:
-    """Whole seconds, clamped to a sane range; ``default`` when nothing is known."""
-    if seconds is None:
-        return default
-    return max(RETRY_AFTER_MIN_SECONDS, min(RETRY_AFTER_MAX_SECONDS, math.ceil(seconds)))
-
-
 def _limit_fields(policy: str, quota: int, unit: str, remaining: int, reset: int) -> dict[str, str]:
     """The IETF draft's rate-limit fields, and the older ones for older clients."""
     return {
@@ -503,6 +454,13 @@ def _fast_lane_headers(decision: Mapping[str, Any], remaining: int, reset: int) 
 
 def _ingest_headers(decision: Mapping[str, Any], remaining: int, reset: int) -> dict[str, str]:
     return _limit_fields("ingest", decision["ingest_burst"], "requests", remaining, reset)
+
+
+LIMIT_FIELDS: dict[str, Callable[[Mapping[str, Any], int, int], dict[str, str]]] = {
+    "ingest": _ingest_headers,
+    "fast_lane": _fast_lane_headers,
+}
+"""The rate-limit fields a refusal carries (``Refusal.limits``), by the limit it names."""
 
 
 def _rate_limit_headers(decision: Mapping[str, Any]) -> dict[str, str]:

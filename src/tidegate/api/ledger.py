@@ -38,7 +38,8 @@ MAX_UNWRITTEN_REQUESTS = 500
 MAX_UNWRITTEN_BYTES = 4 * 1024 * 1024
 
 Series = tuple[str, str, str, int]
-"""(project, mode, outcome, status)"""
+"""(project, mode, outcome, status); the outcome one of ``tidegate.admission.Outcome``'s
+(``status_<status>`` for an answer none names)."""
 
 
 @dataclass(frozen=True)

@@ -536,8 +536,8 @@ CREATE TABLE worker_counters (
 CREATE TABLE ingress_counters (
     project  text     NOT NULL,  -- '' when the trigger is unknown
     mode     text     NOT NULL,  -- async, sync; '' when the trigger is unknown
-    -- admitted, replayed, rate_limited, over_cap, no_worker, no_capacity, backlog_full,
-    -- unknown_trigger, too_large, not_json, bad_json, bad_signature, bad_key, unavailable
+    -- One of tidegate.admission's outcomes: the admission's verdicts (admitted,
+    -- rate_limited, ...) and the answers without one (unknown_trigger, bad_signature, ...)
     outcome  text     NOT NULL,
     status   smallint NOT NULL,
     requests bigint   NOT NULL,

@@ -1,0 +1,137 @@
+"""The admission's verdicts, each with its answer, and the other outcomes of a webhook.
+
+``storage/functions/admit_webhook.sql`` decides whether a webhook that passed its own
+checks becomes a run, and returns one of ``Verdict``'s values (tests/test_verdicts.py
+reads the file and fails when the two sets differ). Each refusal carries its HTTP answer
+(``Refusal``): the status, the title, where its ``Retry-After`` comes from and which
+rate-limit fields go with it, so that ``POST /hooks/{token}`` answers by looking the
+verdict up. A webhook answered before (or without) a verdict has an ``Unjudged``
+outcome instead. Both are the ``outcome`` of ``tidegate_webhooks_total``, of the minute
+counts and of the webhook log (docs/metrics.md lists them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Literal
+
+RETRY_AFTER_MIN_SECONDS = 1
+RETRY_AFTER_MAX_SECONDS = 60
+NO_WORKER_RETRY_SECONDS = 5
+"""Retry-After when no worker can take a sync run: about how long a worker takes to start."""
+BACKLOG_RETRY_SECONDS = 5
+"""Retry-After when the backlog is full: nothing says when a place frees."""
+FORCED_OPEN_RETRY_SECONDS = 60
+"""Retry-After while a key's breaker is forced open: no cooldown says when it ends."""
+
+
+def estimated(seconds: float | None) -> int:
+    """Whole seconds of the admission's estimate, clamped to a sane range; the least when
+    it has none (no run finished lately)."""
+    if seconds is None:
+        return RETRY_AFTER_MIN_SECONDS
+    return max(RETRY_AFTER_MIN_SECONDS, min(RETRY_AFTER_MAX_SECONDS, math.ceil(seconds)))
+
+
+def cooldown(seconds: float | None) -> int:
+    """Whole seconds until an open breaker's cooldown ends: what the caller should wait,
+    not clamped (a cooldown doubles up to its policy's cap); ``None``: forced open."""
+    if seconds is None:
+        return FORCED_OPEN_RETRY_SECONDS
+    return max(RETRY_AFTER_MIN_SECONDS, math.ceil(seconds))
+
+
+def worker_start(_: float | None) -> int:
+    """``NO_WORKER_RETRY_SECONDS``, whatever the admission said."""
+    return NO_WORKER_RETRY_SECONDS
+
+
+def backlog_wait(_: float | None) -> int:
+    """``BACKLOG_RETRY_SECONDS``, whatever the admission said."""
+    return BACKLOG_RETRY_SECONDS
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """How a refusing verdict is answered: a problem with ``status`` and ``title``, and a
+    ``Retry-After`` of ``wait(retry_after)`` whole seconds (``retry_after``: what the
+    admission returned with it).
+
+    ``title`` is a ``str.format`` template: ``{key}`` is the run's key, ``{task}`` the
+    trigger's task. ``limits`` names the rate-limit fields that go with it (the IETF
+    draft's ``RateLimit-Policy`` and ``RateLimit``, and the older ``RateLimit-*``): the
+    project's ingest rate, or its fast-lane cap, which the problem's body also states
+    (``cap``).
+    """
+
+    status: int
+    title: str
+    wait: Callable[[float | None], int]
+    limits: Literal["ingest", "fast_lane"] | None = None
+
+
+class Verdict(StrEnum):
+    """What ``admit_webhook`` decided, in the order it checks (admit_webhook.sql says why
+    each); ``refusal`` is ``None`` for the two that answer with a run."""
+
+    refusal: Refusal | None
+
+    def __new__(cls, value: str, refusal: Refusal | None = None) -> Verdict:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.refusal = refusal
+        return member
+
+    REPLAYED = "replayed"
+    RATE_LIMITED = (
+        "rate_limited",
+        Refusal(429, "the project's ingest rate is exceeded", estimated, "ingest"),
+    )
+    BREAKER_OPEN = (
+        "breaker_open",
+        Refusal(
+            503, "the circuit breaker of key {key!r} is open: its downstream is failing", cooldown
+        ),
+    )
+    OVER_CAP = (
+        "over_cap",
+        Refusal(429, "the project's fast-lane cap is reached", estimated, "fast_lane"),
+    )
+    NO_WORKER = (
+        "no_worker",
+        Refusal(
+            503,
+            "no live worker has task {task!r} and a slot that takes the fast lane",
+            worker_start,
+        ),
+    )
+    NO_CAPACITY = "no_capacity", Refusal(503, "no worker has a free fast-lane slot", estimated)
+    BACKLOG_FULL = "backlog_full", Refusal(503, "the project's backlog is full", backlog_wait)
+    ADMITTED = "admitted"
+
+
+REFUSALS = frozenset(verdict for verdict in Verdict if verdict.refusal is not None)
+"""The verdicts that make no run. Each came after the request passed every check of its
+own, for a reason of the moment: a limit, the workers' capacity, a breaker."""
+
+
+class Unjudged(StrEnum):
+    """The outcome of a webhook answered without a verdict: refused by a check of its
+    own before the admission, or never admitted for want of the client or the database."""
+
+    UNKNOWN_TRIGGER = "unknown_trigger"
+    DISABLED = "disabled"
+    TOO_LARGE = "too_large"
+    NOT_JSON = "not_json"
+    BAD_REQUEST = "bad_request"
+    BAD_SIGNATURE = "bad_signature"
+    TOO_MANY_STREAMS = "too_many_streams"
+    DISCONNECTED = "disconnected"
+    UNAVAILABLE = "unavailable"
+
+
+Outcome = Verdict | Unjudged
+"""The outcome of a webhook: what ``/metrics``, the minute counts and the webhook log say."""
