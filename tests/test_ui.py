@@ -612,15 +612,15 @@ async def test_the_projects_page_counts_refusals_by_status_class(
         "INSERT INTO minute_counts (minute, source, project, lane, outcome, count)"
         " SELECT date_trunc('minute', now()) - make_interval(mins => m), 'admission', 'acme',"
         " '', outcome, n FROM (VALUES (0, 'rate_limited', 2), (3, 'over_cap', 1),"
-        " (1, 'no_worker', 4), (2, 'backlog_full', 1), (0, 'bad_json', 5),"
-        " (0, 'admitted', 50), (0, 'replayed', 6), (30, 'rate_limited', 100))"
-        " AS c(m, outcome, n)"
+        " (1, 'no_worker', 4), (2, 'backlog_full', 1), (0, 'bad_request', 5),"
+        " (0, 'breaker_open', 7), (0, 'admitted', 50), (0, 'replayed', 6),"
+        " (30, 'rate_limited', 100)) AS c(m, outcome, n)"
     )
     browser = await sign_in(ADMIN_TOKEN)
     page = await browser.page("/ui/projects")
     row = cells(page, "data-project", "acme")
     figures = re.findall(r'<td class="num">([^<]*)</td>', row)
-    assert figures == ["0 / 3", "5", "10", "none", "3", "5", "5"]
+    assert figures == ["0 / 3", "5", "10", "none", "3", "12", "5"]
 
 
 async def test_the_keys_page_shows_policies_and_what_holds_each_key(

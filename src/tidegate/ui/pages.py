@@ -14,6 +14,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from tidegate.access import Session, close_session, find_caller, open_session
+from tidegate.admission import REFUSALS, Unjudged, Verdict
 from tidegate.figures import (
     ACTIVE_STATES,
     COUNT_CAP,
@@ -51,6 +52,17 @@ MAX_WORKERS = 1000
 MAX_SCHEDULES = 1000
 MAX_TOKEN_CHARS = 200
 """Longer than any token tidegate makes: not looked up."""
+REFUSED_BY_STATUS = {
+    "refused_429": [v.value for v in REFUSALS if v.refusal and v.refusal.status == 429],
+    "refused_503": [
+        *(v.value for v in REFUSALS if v.refusal and v.refusal.status == 503),
+        Unjudged.UNAVAILABLE.value,
+    ],
+    "answered": [Verdict.ADMITTED.value, Verdict.REPLAYED.value],
+}
+"""The outcomes the projects page counts as refused with a 429, as refused with a 503,
+and as not refused (``read_projects``): the verdicts by their declared status, and the
+database's outage; every other outcome was a 4xx."""
 
 
 def _secure(request: Request) -> bool:
@@ -170,7 +182,12 @@ async def projects(request: Request, session: Current) -> HTMLResponse:
     found = await api.run(
         rows(
             "read_projects",
-            {"ids": ids, "default_cap": api.settings.fast_lane_cap, "count_cap": COUNT_CAP},
+            {
+                "ids": ids,
+                "default_cap": api.settings.fast_lane_cap,
+                "count_cap": COUNT_CAP,
+                **REFUSED_BY_STATUS,
+            },
         )
     )
     return render(request, "projects.html", projects=found, limit=MAX_PROJECTS)
