@@ -31,6 +31,7 @@ SOURCE = Path(tidegate.__file__).parent
 FRONT_DOOR_AND_WORKER = frozenset(
     {
         "tidegate.app",
+        "tidegate.worker.completer",
         "tidegate.worker.counters",
         "tidegate.worker.execute",
         "tidegate.worker.link",

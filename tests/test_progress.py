@@ -24,8 +24,8 @@ import pytest
 from tests.conftest import running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import Run, RunState, Tidegate
+from tidegate.worker.completer import MAX_UNWRITTEN_EVENTS, Completer
 from tidegate.worker.execute import Outcome
-from tidegate.worker.services import MAX_UNWRITTEN_EVENTS, Completer
 
 EVENTS = {"Accept": "text/event-stream"}
 

@@ -52,6 +52,7 @@ from tidegate.runs import Run, RunState, _progress, run_row
 from tidegate.settings import Settings
 from tidegate.storage.sql import adrive, query
 from tidegate.tracing import span
+from tidegate.worker.completer import Completer
 from tidegate.worker.counters import Counters, as_json, outcome_label
 from tidegate.worker.execute import Outcome, execute
 from tidegate.worker.link import DatabaseLink, RemoteLink
@@ -59,7 +60,6 @@ from tidegate.worker.scheduler import FIRE_LIMIT, declare_steps, fire_steps
 from tidegate.worker.services import (
     BATCH_LIMIT,
     LINK_ERRORS,
-    Completer,
     Listener,
     Periodic,
     Service,
