@@ -38,6 +38,7 @@ FRONT_DOOR_AND_WORKER = frozenset(
         "tidegate.worker.runtime",
         "tidegate.worker.scheduler",
         "tidegate.worker.services",
+        "tidegate.worker.workloop",
     }
 )
 """The one cycle allowed: the library's front door and the worker runtime import each

@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import Remote, WorkerOf, running_worker, wait_until
 from tidegate import NewRun, RunState, Tidegate, current_run
-from tidegate.worker import runtime
-from tidegate.worker.runtime import Pace
+from tidegate.worker import workloop
+from tidegate.worker.workloop import Pace
 
 
 @pytest.fixture
@@ -478,7 +478,7 @@ def claims_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
     than its claims, and a run claimed ahead waits for a slot as long as it takes (not
     ``HOLD_SECONDS``): what the worker does with such a run, whenever it is."""
     monkeypatch.setattr(Pace, "ahead", lambda pace, overdue: pace.slots)
-    monkeypatch.setattr(runtime, "HOLD_SECONDS", 60.0)
+    monkeypatch.setattr(workloop, "HOLD_SECONDS", 60.0)
 
 
 @pytest.fixture
