@@ -5,7 +5,7 @@
     python -m bench.schedules               # embedded PostgreSQL (or TIDEGATE_DATABASE_URL)
     python -m bench.schedules --database-url postgresql://postgres@127.0.0.1:5432/test --write-docs
 
-Each scenario runs a worker's scheduler the way a worker does (``fire_schedules``: one
+Each scenario runs a worker's scheduler the way a worker does (``Scheduler.fire``: one
 transaction that locks the due schedules, inserts their runs and moves them on, again
 while a batch is full) once a second, for ``--seconds``, on a schema of its own:
 
@@ -91,6 +91,8 @@ async def scheduler_seconds(
     with psycopg.connect(schema_conninfo(url, schema), autocommit=True) as conn:
         conn.execute(SETUP[scenario], {"count": count, "interval": INTERVAL_SECONDS})
     worker = Worker(tidegate, tidegate.settings)
+    scheduler = worker.scheduler
+    assert scheduler is not None  # a worker on PostgreSQL fires schedules
     meter = CpuMeter({"postgres": server_pids(url)})
     await worker.pool.open(wait=True)
     try:
@@ -99,7 +101,7 @@ async def scheduler_seconds(
         firing = 0.0
         while time.monotonic() - started < seconds:
             second = time.monotonic()
-            while await worker.fire_schedules():
+            while await scheduler.fire():
                 pass
             firing = max(firing, time.monotonic() - second)
             await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - second)))

@@ -35,6 +35,7 @@ FRONT_DOOR_AND_WORKER = frozenset(
         "tidegate.worker.counters",
         "tidegate.worker.execute",
         "tidegate.worker.link",
+        "tidegate.worker.maintenance",
         "tidegate.worker.runtime",
         "tidegate.worker.scheduler",
         "tidegate.worker.services",

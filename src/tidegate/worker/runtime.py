@@ -1,5 +1,17 @@
-"""The worker: one process's workloops (worker/workloop.py), its connections, and the
-services that keep them honest.
+"""The worker: one process's workloops, its connections, and the services that keep them
+honest, started together and stopped together.
+
+A ``Worker`` holds:
+
+- its workloops (worker/workloop.py), which claim runs and execute them;
+- its completer (worker/completer.py), which writes their outcomes;
+- its heartbeat (``beat``, here), which writes the worker's row (workloops, slots, busy),
+  renews the leases of the runs it holds, and adds the attempts finished since the last
+  beat to its counters (worker/counters.py);
+- on PostgreSQL, a listener that wakes the workloops a NOTIFY's lane concerns
+  (``wake``), the maintenance duties (worker/maintenance.py: stager, parker, rescuer,
+  pruner, folder) and the scheduler (worker/scheduler.py);
+- its link (worker/link.py): the database, or the API for a remote worker.
 
 A worker claims only runs of the tasks it has (its app's tasks when it starts, also
 advertised in its row): a claim passes over a run of another task, leaving it for a
@@ -19,14 +31,13 @@ handed back while its handler may still be executing.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
 import secrets
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -34,24 +45,15 @@ from typing import Any
 from tidegate.app import Tidegate
 from tidegate.forward import FORWARD_TASK, handler
 from tidegate.lanes import BUILTIN_LANES
-from tidegate.runs import run_row
 from tidegate.settings import Settings
-from tidegate.storage.sql import adrive, query
+from tidegate.storage.sql import adrive
 from tidegate.worker.completer import Completer
 from tidegate.worker.counters import Counters, as_json
 from tidegate.worker.link import DatabaseLink, RemoteLink
-from tidegate.worker.scheduler import FIRE_LIMIT, declare_steps, fire_steps
-from tidegate.worker.services import (
-    BATCH_LIMIT,
-    LINK_ERRORS,
-    Listener,
-    Periodic,
-    Service,
-    describe,
-    fetch,
-    rescue,
-)
-from tidegate.worker.workloop import Workloop, log_parked
+from tidegate.worker.maintenance import Folder, Parker, Pruner, Rescuer, Stager
+from tidegate.worker.scheduler import Scheduler, declare_steps
+from tidegate.worker.services import LINK_ERRORS, Listener, Periodic, Service, describe
+from tidegate.worker.workloop import Workloop
 
 log = logging.getLogger("tidegate.worker")
 
@@ -96,9 +98,6 @@ class Worker:
             self.tasks[FORWARD_TASK] = replace(self.tasks[FORWARD_TASK], fn=handler(link.delivery))
         self.live_seconds = 3 * self.settings.heartbeat_seconds
         """How recently a worker must have beaten to count as alive."""
-        self.came_up_short = False
-        """Whether a claim came up short since the parker last looked: strays may be
-        what it passed over. While every claim is full, none is in the way."""
         self.counters = Counters()
         """The attempts finished since the last heartbeat, which writes them."""
         self.claim_params: dict[str, Any] = {
@@ -125,70 +124,52 @@ class Worker:
                 "channel": app.available_channel,
             },
         )
-        channel = {"channel": app.available_channel}
-        lease = {"lease_seconds": self.settings.lease_seconds}
+        self.heartbeat = Periodic("heartbeat", self.settings.heartbeat_seconds, self.beat)
+        self.started = asyncio.Event()
+        """Set once its workloops claim."""
+        self.services: list[Service] = [self.completer, self.heartbeat]
+        self.parker: Parker | None = None
+        self.scheduler: Scheduler | None = None
+        self.folder: Folder | None = None
+        if isinstance(self.link, DatabaseLink):
+            self.pool = self.link.pool
+            self.services += self._maintenance()
+
+    def _maintenance(self) -> list[Service]:
+        """What a worker on PostgreSQL does beside its workloops (worker/maintenance.py,
+        worker/scheduler.py); for a remote worker, the API stages and rescues at its
+        heartbeats (worker/link.py)."""
+        app, settings = self.app, self.settings
+        # Which runs are this worker's to stage and to park: of the tasks it has, in the
+        # lanes its workloops take.
         routes = {
             "tasks": list(self.tasks),
             "lanes": sorted({lane for w in self.workloops for lane in w.spec.named_lanes}),
             "wildcard": any(w.spec.wildcard for w in self.workloops),
         }
-        self.heartbeat = Periodic("heartbeat", self.settings.heartbeat_seconds, self.beat)
-        self.started = asyncio.Event()
-        """Set once its workloops claim."""
-        self.services: list[Service] = [self.completer, self.heartbeat]
-        if isinstance(self.link, DatabaseLink):
-            self.pool = self.link.pool
-            self.services += self._database_services(channel, lease, routes)
-
-    def _database_services(
-        self, channel: dict[str, Any], lease: dict[str, Any], routes: dict[str, Any]
-    ) -> list[Service]:
-        """What a worker on PostgreSQL does beside its workloops; for a remote worker, the
-        API stages and rescues at its heartbeats (worker/link.py)."""
-        app = self.app
+        self.parker = Parker(
+            self.pool,
+            settings.stage_seconds,
+            {**routes, "scan_limit": CLAIM_SCAN_LIMIT, "live_seconds": self.live_seconds},
+            self.look_again,
+        )
+        self.scheduler = Scheduler(app, self.pool, settings.schedule_seconds, list(self.tasks))
+        self.folder = Folder(self.pool, settings.rescue_seconds, self.live_seconds)
+        prune = {
+            "lease_seconds": settings.lease_seconds,
+            "retention_seconds": settings.retention_seconds,
+            "batch": settings.prune_batch,
+        }
         return [
             Listener(app.database.aconnect, [app.available_channel], self.wake),
-            Periodic(
-                "stager",
-                self.settings.stage_seconds,
-                self._batch("stage_runs", {**channel, **routes, "limit": BATCH_LIMIT}),
+            Stager(self.pool, settings.stage_seconds, {"channel": app.available_channel, **routes}),
+            self.parker,
+            Rescuer(
+                self.pool, settings.rescue_seconds, app.available_channel, app.completed_channel
             ),
-            Periodic(
-                "parker",
-                self.settings.stage_seconds,
-                functools.partial(
-                    self.park,
-                    {
-                        **routes,
-                        "scan_limit": CLAIM_SCAN_LIMIT,
-                        "live_seconds": self.live_seconds,
-                    },
-                ),
-            ),
-            Periodic(
-                "rescuer",
-                self.settings.rescue_seconds,
-                functools.partial(rescue, self.pool, app.available_channel, app.completed_channel),
-            ),
-            Periodic(
-                "pruner",
-                self.settings.prune_seconds,
-                self._batch(
-                    "prune_runs",
-                    {
-                        **lease,
-                        "retention_seconds": self.settings.retention_seconds,
-                        "batch": self.settings.prune_batch,
-                    },
-                    full=self.settings.prune_batch,
-                ),
-            ),
-            Periodic("scheduler", self.settings.schedule_seconds, self.fire_schedules),
-            Periodic(
-                "folder",
-                self.settings.rescue_seconds,
-                self._fold,
-            ),
+            Pruner(self.pool, settings.prune_seconds, prune),
+            self.scheduler,
+            self.folder,
         ]
 
     # -- the life of a worker ------------------------------------------------------
@@ -357,10 +338,10 @@ class Worker:
         its counters into those of 'retired'."""
         await self.beat()
         await self.link.leave(self.id, handed_back, self.app.available_channel)
-        if isinstance(self.link, DatabaseLink):
-            await self._fold()
+        if self.folder is not None:
+            await self.folder.fold()
 
-    # -- what the services do ------------------------------------------------------
+    # -- what the workloops and the services tell it ----------------------------------
 
     def wake(self, channel: str, lane: str) -> None:
         """``lane`` has new runs: wake the workloops that name it, or, where none of them
@@ -373,6 +354,17 @@ class Worker:
             loop.backlog = True
         named = [loop for loop in loops if lane in loop.places and loop.free > 0]
         for loop in named or [loop for loop in loops if loop.free > 0]:
+            loop.wake.set()
+
+    def came_up_short(self) -> None:
+        """A claim came up short: strays of a task no live worker has may be what it passed
+        over, and the parker (a local worker's) looks at its next round."""
+        if self.parker is not None:
+            self.parker.came_up_short = True
+
+    def look_again(self) -> None:
+        """Runs were set pending at the head of a lane: every workloop looks again."""
+        for loop in self.workloops:
             loop.wake.set()
 
     def spill(self, full: Workloop) -> None:
@@ -426,42 +418,3 @@ class Worker:
         for loop in self.workloops:
             loop.forget_waiting(waiting - set(renewed))
         return False
-
-    async def fire_schedules(self) -> bool:
-        """Fire the due schedules of this worker's tasks (worker/scheduler.py)."""
-        async with self.pool.connection() as conn, conn.transaction():
-            locked = await adrive(conn, fire_steps(self.app, list(self.tasks)))
-        return locked >= FIRE_LIMIT
-
-    async def _fold(self) -> bool:
-        """Fold the counters of workers no longer live into those of 'retired'."""
-        params = {"live_seconds": self.live_seconds, "limit": BATCH_LIMIT}
-        rows = await fetch(self.pool, "fold_counters", params)
-        return bool(rows[0][0] >= BATCH_LIMIT)
-
-    async def park(self, params: dict[str, Any]) -> bool:
-        """Set pending the runs at the head of this worker's lanes that no live worker
-        can run, and say so; a claim only passes over them."""
-        if not self.came_up_short:
-            return False
-        self.came_up_short = False
-        async with self.pool.connection() as conn:
-            cursor = conn.cursor(row_factory=run_row)
-            await cursor.execute(query("park_strays"), params)
-            parked = await cursor.fetchall()
-        if parked:
-            log_parked(parked)
-            for loop in self.workloops:  # room at the head of a lane: look again
-                loop.wake.set()
-        return False
-
-    def _batch(
-        self, name: str, params: dict[str, Any], full: int = BATCH_LIMIT
-    ) -> Callable[[], Awaitable[bool]]:
-        """Return a tick that runs a batch statement; a full batch asks to go again."""
-
-        async def tick() -> bool:
-            rows = await fetch(self.pool, name, params)
-            return bool(rows[0][0] >= full)
-
-        return tick

@@ -1,5 +1,6 @@
 """The worker's part in schedules (``tidegate.schedules``): write the app's declared
-schedules when it starts, and fire the due ones of its tasks every ``schedule_seconds``.
+schedules when it starts (``declare_steps``), and fire the due ones of its tasks every
+``schedule_seconds`` (``Scheduler``, a service of every worker on PostgreSQL).
 
 Firing is one transaction: lock the due schedules (``lock_due_schedules``, SKIP LOCKED),
 insert the runs of their due ticks as this worker's app would enqueue them, move each
@@ -20,15 +21,36 @@ from psycopg.rows import dict_row
 from tidegate.app import NewRun
 from tidegate.lanes import FAST_LANE
 from tidegate.schedules import NO_FAST_LANE, Plan, ScheduleError, plans, sync_declared, tick_key
-from tidegate.storage.sql import Statement, Steps
+from tidegate.storage.sql import Statement, Steps, adrive
+from tidegate.worker.services import Periodic
 
 if TYPE_CHECKING:
+    from psycopg_pool import AsyncConnectionPool
+
     from tidegate.app import Tidegate
 
 log = logging.getLogger("tidegate.worker")
 
 FIRE_LIMIT = 200
 """Schedules fired per transaction; a full batch goes again at once."""
+
+
+class Scheduler(Periodic):
+    """Fire the due schedules of ``tasks`` (``fire_steps``), one transaction a round; a
+    round that locked ``FIRE_LIMIT`` schedules goes again at once."""
+
+    def __init__(
+        self, app: Tidegate, pool: AsyncConnectionPool, interval: float, tasks: Sequence[str]
+    ) -> None:
+        super().__init__("scheduler", interval, self.fire)
+        self.app = app
+        self.pool = pool
+        self.tasks = list(tasks)
+
+    async def fire(self) -> bool:
+        async with self.pool.connection() as conn, conn.transaction():
+            locked = await adrive(conn, fire_steps(self.app, self.tasks))
+        return locked >= FIRE_LIMIT
 
 
 def declare_steps(app: Tidegate, tasks: Sequence[str]) -> Steps[None]:

@@ -1,19 +1,19 @@
-"""The worker's background duties, each a small service with ``start``/``stop``.
+"""The pieces every background loop is made of, in a worker and in an API process alike.
 
-- ``Heartbeat``: writes the worker row (workloops, slots, busy), renews its leases, and
-  adds the attempts it finished since the last beat to its counters (worker/counters.py).
-- ``Stager``: makes scheduled runs that came due available, and pending runs of this
-  worker's tasks.
-- ``Parker``: sets pending the runs at the head of this worker's lanes whose task no
-  live worker has.
-- ``Rescuer``: returns the runs of workers whose leases ran out (``rescue``; every API
-  process runs one too).
-- ``Pruner``: deletes finished runs past retention, one process at a time.
-- ``Folder``: folds the counters of workers that are no longer live into ``retired``.
-- ``Scheduler``: fires the due schedules of this worker's tasks (worker/scheduler.py).
-- ``Completer``: writes outcomes in batches; fast-lane outcomes at once
-  (worker/completer.py).
-- ``Listener``: LISTENs for ready lanes and wakes the workloops that can take them.
+- ``Service``: a named task with ``start`` and ``stop``; ``Periodic``, one that calls
+  its tick every ``interval`` seconds (at once again after a full batch); ``Listener``,
+  one that LISTENs and calls back for each notification (a hint: polls cover a gap).
+- ``fetch``: run a named statement on a pooled connection.
+- ``rescue``: take back the runs whose leases lapsed. A worker's ``Rescuer``
+  (worker/maintenance.py) calls it, and so does every API process: a rescuer of its own,
+  and at each remote worker's heartbeat.
+- ``LinkError``, ``LINK_ERRORS``, ``passing``, ``retry_delay``, ``describe``: how a
+  service tells an outage from a refusal, how long it waits, and how it says what
+  failed.
+
+A worker's services are its workloops (worker/workloop.py), its completer
+(worker/completer.py), its heartbeat (worker/runtime.py), its maintenance duties
+(worker/maintenance.py) and its scheduler (worker/scheduler.py).
 
 No error from the database or the data ends a service (docs/architecture.md, invariant 7): a
 database error in one round is logged with its context and the round retried with a
@@ -41,7 +41,7 @@ from tidegate.worker.counters import DURATION_BUCKETS
 log = logging.getLogger("tidegate.worker")
 
 BATCH_LIMIT = 5000
-"""Rows the stager and the rescuer move per statement."""
+"""Rows the stager, the rescuer and the folder move per statement."""
 FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 30.0
 STOP_AGAIN_SECONDS = 0.1

@@ -30,6 +30,7 @@ from tidegate.tracing import span
 from tidegate.worker.counters import outcome_label
 from tidegate.worker.execute import Outcome, execute
 from tidegate.worker.link import DatabaseLink
+from tidegate.worker.maintenance import log_parked
 from tidegate.worker.services import LINK_ERRORS, Service, describe, passing, retry_delay
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class Workloop(Service):
                 if self.backlog:
                     worker.spill(self)
                 else:
-                    worker.came_up_short = True
+                    worker.came_up_short()
                 if not (self.backlog or parked):
                     break
 
@@ -408,19 +409,3 @@ def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
         )
     elif state is RunState.CANCELLED:
         log.info("%s cancelled by its handler: %s", where, outcome.message, extra=extra)
-
-
-def log_parked(parked: list[Run]) -> None:
-    """Say loudly which runs wait for a worker that has their task."""
-    by_task: dict[tuple[str, str], list[int]] = {}
-    for run in parked:
-        by_task.setdefault((run.task, run.lane), []).append(run.id)
-    for (task, lane), ids in by_task.items():
-        shown = ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
-        log.warning(
-            "no live worker has task %r for lane %r: run(s) %s wait as pending until one "
-            "starts (is the task registered under this name in the worker's app?)",
-            task,
-            lane,
-            shown,
-        )
