@@ -38,7 +38,6 @@ FRONT_DOOR_AND_WORKER = frozenset(
         "tidegate.worker.maintenance",
         "tidegate.worker.runtime",
         "tidegate.worker.scheduler",
-        "tidegate.worker.services",
         "tidegate.worker.workloop",
     }
 )

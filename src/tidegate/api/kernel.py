@@ -37,7 +37,8 @@ from tidegate.settings import Settings
 from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
 from tidegate.storage.sql import Steps, T, adrive
 from tidegate.webhooks import Trigger
-from tidegate.worker.services import Periodic, rescue
+from tidegate.worker.maintenance import rescue
+from tidegate.worker.services import Periodic
 
 log = logging.getLogger("tidegate.ingress")
 

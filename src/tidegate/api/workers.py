@@ -64,8 +64,8 @@ from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, get_run, run_row
 from tidegate.storage.sql import Statement, Steps
 from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
 from tidegate.worker.execute import reported_outcome
+from tidegate.worker.maintenance import rescue
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
-from tidegate.worker.services import rescue
 
 WORKER_BEARER = HTTPBearer(
     auto_error=False, scheme_name="worker token", description="A worker token (tgw_...)."

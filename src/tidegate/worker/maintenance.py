@@ -9,7 +9,8 @@ workers (worker/link.py):
 - ``Parker``: sets pending the runs at the head of this worker's lanes whose task no
   live worker has, every ``stage_seconds`` after a claim came up short.
 - ``Rescuer``: takes back the runs whose leases lapsed, every ``rescue_seconds``
-  (``services.rescue``, which every API process runs too).
+  (``rescue``, which every API process runs too: a rescuer of its own, and at each
+  remote worker's heartbeat).
 - ``Pruner``: deletes what is past ``retention_seconds``, a batch at a time, every
   ``prune_seconds``.
 - ``Folder``: folds the counters of workers no longer live into those of ``retired``,
@@ -31,9 +32,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from tidegate.runs import Run, run_row
 from tidegate.storage.sql import query
-from tidegate.worker.services import BATCH_LIMIT, Periodic, fetch, rescue
+from tidegate.worker.counters import DURATION_BUCKETS
+from tidegate.worker.services import Periodic, fetch
 
 log = logging.getLogger("tidegate.worker")
+
+BATCH_LIMIT = 5000
+"""Rows the stager, the rescuer and the folder move per statement."""
 
 
 class Stager(Periodic):
@@ -106,9 +111,34 @@ def log_parked(parked: list[Run]) -> None:
         )
 
 
+async def rescue(pool: AsyncConnectionPool, channel: str, completed_channel: str) -> bool:
+    """Take back the runs whose leases lapsed (``rescue_runs``), say so, and tell
+    whether a full batch asks to go again. Every worker does, and every API process: a
+    run stops counting toward its caps only once rescued, and with no worker alive the
+    API is the one left to do it."""
+    params = {
+        "channel": channel,
+        "completed_channel": completed_channel,
+        "limit": BATCH_LIMIT,
+        "buckets": len(DURATION_BUCKETS) + 1,
+    }
+    rows = await fetch(pool, "rescue_runs", params)
+    for task, lane, count in rows:
+        log.warning(
+            "rescued %d run(s) of task %r in lane %r: their leases lapsed (the worker "
+            "holding them stopped renewing them); available again, or discarded after "
+            "their last attempt",
+            count,
+            task,
+            lane,
+            extra={"task": task, "lane": lane},
+        )
+    return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
+
+
 class Rescuer(Periodic):
-    """Take back the runs whose leases lapsed (``services.rescue``): available again, or
-    discarded after their last attempt, and no longer counted toward their caps."""
+    """Take back the runs whose leases lapsed (``rescue``): available again, or discarded
+    after their last attempt, and no longer counted toward their caps."""
 
     def __init__(
         self, pool: AsyncConnectionPool, interval: float, channel: str, completed_channel: str

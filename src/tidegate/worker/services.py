@@ -4,9 +4,6 @@
   its tick every ``interval`` seconds (at once again after a full batch); ``Listener``,
   one that LISTENs and calls back for each notification (a hint: polls cover a gap).
 - ``fetch``: run a named statement on a pooled connection.
-- ``rescue``: take back the runs whose leases lapsed. A worker's ``Rescuer``
-  (worker/maintenance.py) calls it, and so does every API process: a rescuer of its own,
-  and at each remote worker's heartbeat.
 - ``LinkError``, ``LINK_ERRORS``, ``passing``, ``retry_delay``, ``describe``: how a
   service tells an outage from a refusal, how long it waits, and how it says what
   failed.
@@ -36,12 +33,9 @@ from psycopg_pool import AsyncConnectionPool
 from tidegate.errors import TidegateError
 from tidegate.storage.database import transient
 from tidegate.storage.sql import query
-from tidegate.worker.counters import DURATION_BUCKETS
 
 log = logging.getLogger("tidegate.worker")
 
-BATCH_LIMIT = 5000
-"""Rows the stager, the rescuer and the folder move per statement."""
 FIRST_RETRY_SECONDS = 0.05
 MAX_RETRY_SECONDS = 30.0
 STOP_AGAIN_SECONDS = 0.1
@@ -147,31 +141,6 @@ async def fetch(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) ->
     async with pool.connection() as conn:
         cursor = await conn.execute(query(name), params)
         return await cursor.fetchall() if cursor.description else []
-
-
-async def rescue(pool: AsyncConnectionPool, channel: str, completed_channel: str) -> bool:
-    """Take back the runs whose leases lapsed (``rescue_runs``), say so, and tell
-    whether a full batch asks to go again. Every worker does, and every API process: a
-    run stops counting toward its caps only once rescued, and with no worker alive the
-    API is the one left to do it."""
-    params = {
-        "channel": channel,
-        "completed_channel": completed_channel,
-        "limit": BATCH_LIMIT,
-        "buckets": len(DURATION_BUCKETS) + 1,
-    }
-    rows = await fetch(pool, "rescue_runs", params)
-    for task, lane, count in rows:
-        log.warning(
-            "rescued %d run(s) of task %r in lane %r: their leases lapsed (the worker "
-            "holding them stopped renewing them); available again, or discarded after "
-            "their last attempt",
-            count,
-            task,
-            lane,
-            extra={"task": task, "lane": lane},
-        )
-    return sum(int(count) for *_, count in rows) >= BATCH_LIMIT
 
 
 class Listener(Service):
