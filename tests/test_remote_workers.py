@@ -390,9 +390,6 @@ async def test_remote_and_local_workers_share_a_burst_exactly_once_within_key_li
 ) -> None:
     server: ApiServer = start_api(processes=2)
     app.set_key_policy("default", "*", max_running=2)
-    start_worker_process("default:4")
-    # Runs of 50 ms: the local worker's four slots alone take five seconds for them, so
-    # the remote workers, however slow to start, find runs left to share.
     runs = await app.aenqueue_many(
         [NewRun("async_sleep", {"seconds": 0.05, "n": n}, key=f"tenant{n % 8}") for n in range(400)]
     )
@@ -415,15 +412,22 @@ async def test_remote_and_local_workers_share_a_burst_exactly_once_within_key_li
             if not claimed and state_counts(sql).get("available", 0) == 0:
                 return done
             for run in claimed:
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.05)
                 answer = await worker.succeed(run, {"by": worker.id})
                 assert answer.status_code == 200, answer.text
                 done.append(run["id"])
+                started.set()
 
+    started = asyncio.Event()
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         token = await worker_token(client, "fleet", ["default"])
         sampler = asyncio.create_task(sample())
-        by_remote = await asyncio.gather(*(remote(client, token) for _ in range(4)))
+        remotes = asyncio.gather(*(remote(client, token) for _ in range(4)))
+        # The local worker joins once a remote one has finished a run: what is tested is
+        # the sharing, whichever side a loaded machine starts faster.
+        await asyncio.wait_for(started.wait(), timeout=30)
+        await asyncio.to_thread(start_worker_process, "default:4")
+        by_remote = await remotes
         await wait_until(lambda: state_counts(sql) == {"succeeded": 400}, timeout=60)
         sampler.cancel()
     remote_ids = [run_id for ids in by_remote for run_id in ids]
