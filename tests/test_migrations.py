@@ -170,7 +170,8 @@ def test_a_fresh_schema_is_the_schema_every_migration_makes(
     assert migrate(conn, other_schema) == versions
     migrated = catalog(conn, other_schema)
 
-    assert fresh["indexes"] and fresh["functions"] and fresh["triggers"]
+    # No triggers: a schema migrated from 0001 must have lost the one it once had.
+    assert fresh["indexes"] and fresh["functions"] and fresh["triggers"] == []
     # Each part that differs, with the rows only one of the two schemas has.
     differences = {
         part: sorted(set(rows) ^ set(migrated[part]), key=str)

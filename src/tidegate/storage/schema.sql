@@ -50,8 +50,9 @@ CREATE TABLE runs (
     --     vtime = key_clock(lane, key) + n / weight
     -- (functions/key_clock.sql). Claims take runs in (rank, id) order. A hot key's
     -- backlog spreads far into the virtual future; a cold key's next run lands at the
-    -- clock, next in line. 0 marks a run inserted unstamped: the trigger
-    -- runs_stamp_vtime stamps it (functions/stamp_vtime.sql).
+    -- clock, next in line. Every writer stamps it in its insert (insert_run.sql,
+    -- insert_runs.sql, admit_webhook, stage_runs.sql, retry_run.sql): no trigger fires
+    -- per row.
     vtime            float8      NOT NULL DEFAULT 0,
     -- Priority is an offset on the same clock: the clock passes a low-priority run in
     -- time, so nothing waits forever. The clock itself is read from vtime, not rank: in a
