@@ -319,20 +319,25 @@ class Tidegate:
             runs = json.dumps(rows, default=_iso)
             params = {"runs": runs, "channel": self.available_channel}
             inserted = yield Statement("insert_runs", params, dict_row)
-        # Rows come back in id order, which is input order; an input whose idempotency
-        # key is taken inserted nothing and is read back below.
+        # The runs without an idempotency key and those with one are two inserts, each
+        # handing out ids in input order among its own runs; an input whose key is
+        # taken inserted nothing and is read back below.
         inserted.sort(key=lambda r: r["id"])
-        fresh = {(r["project"], r["idempotency_key"]) for r in inserted if r["idempotency_key"]}
-        taken = iter(inserted)
+        plain = iter([r for r in inserted if r["idempotency_key"] is None])
+        keyed = [r for r in inserted if r["idempotency_key"] is not None]
+        fresh = {(r["project"], r["idempotency_key"]) for r in keyed}
+        taken = iter(keyed)
         results: list[Run | None] = []
         for row in rows:
+            if row["idempotency_key"] is None:
+                results.append(_new_run(row, next(plain)))
+                continue
             unique = (row["project"], row["idempotency_key"])
-            if row["idempotency_key"] is not None and unique not in fresh:
+            if unique not in fresh:
                 results.append(None)
                 continue
             fresh.discard(unique)  # a second use of a key in the batch is a repeat
-            stored = next(taken)
-            results.append(_new_run(row, stored))
+            results.append(_new_run(row, next(taken)))
         for project in {
             row["project"] for row, run in zip(rows, results, strict=True) if run is None
         }:

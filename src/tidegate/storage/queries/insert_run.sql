@@ -1,19 +1,35 @@
 -- Insert one run: insert_runs.sql for a batch of one, without the batch machinery (the
 -- JSON parse, the per-key join, the window, the sorts), which cost more than the insert
 -- itself for a single run. Same clock (the key's next step: key_clock + 1/weight), same
--- idempotency rule (ON CONFLICT: the caller reads the original with find_runs_by_key),
--- same NOTIFY when the run is ready.
-WITH inserted AS (
+-- idempotency rule (ON CONFLICT, only for a run with a key: the caller reads the
+-- original with find_runs_by_key), same NOTIFY when the run is ready. One of the two
+-- inserts makes a row, the other's one-time filter stops it before its clock is read.
+WITH run AS (
+    SELECT %(project)s::text AS project, %(lane)s::text AS lane, %(key)s::text AS key,
+           %(task)s::text AS task, %(args)s::jsonb AS args, %(priority)s::smallint AS priority,
+           %(max_attempts)s::smallint AS max_attempts,
+           coalesce(%(scheduled_at)s::timestamptz, now()) AS scheduled_at,
+           %(idempotency_key)s::text AS idempotency_key,
+           CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled'
+                ELSE 'available' END::run_state AS state
+),
+plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, state, vtime)
-    VALUES (%(project)s, %(lane)s, %(key)s, %(task)s, %(args)s::jsonb, %(priority)s,
-            %(max_attempts)s, coalesce(%(scheduled_at)s::timestamptz, now()),
-            %(idempotency_key)s,
-            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled'
-                 ELSE 'available' END::run_state,
-            key_clock(%(lane)s, %(key)s) + 1 / key_weight(%(lane)s, %(key)s))
+    SELECT *, key_clock(lane, key) + 1 / key_weight(lane, key) FROM run
+    WHERE %(idempotency_key)s::text IS NULL
+    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+),
+keyed AS (
+    INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
+                      scheduled_at, idempotency_key, state, vtime)
+    SELECT *, key_clock(lane, key) + 1 / key_weight(lane, key) FROM run
+    WHERE %(idempotency_key)s::text IS NOT NULL
     ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+),
+inserted AS (
+    SELECT * FROM plain UNION ALL SELECT * FROM keyed
 ),
 notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes

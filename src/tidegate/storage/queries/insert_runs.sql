@@ -9,7 +9,11 @@
 -- the line. Delayed runs are stamped again when they come due (stage_runs).
 -- ON CONFLICT: a repeated idempotency key inserts nothing; the caller reads the
 -- original run with find_runs_by_key. The unique index waits for a concurrent insert
--- of the same key to commit or abort, so exactly one of two duplicates inserts.
+-- of the same key to commit or abort, so exactly one of two duplicates inserts. Only
+-- runs with a key go through it (keyed): ON CONFLICT inserts speculatively, a second
+-- WAL record per row, for rows the index would never hold (measured on 20,000 runs
+-- without a key: 749 WAL bytes per run with it, 677 without, at 1.05 times the rate). Each of
+-- the two inserts hands out ids in input order among its own runs.
 -- notified: one NOTIFY per lane (PostgreSQL folds identical payloads in a transaction);
 -- it is only a hint, workers also poll.
 WITH batch AS (
@@ -23,17 +27,37 @@ clock AS MATERIALIZED (  -- once per key, not per run
     SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight
     FROM (SELECT DISTINCT lane, key FROM batch) AS keys
 ),
-inserted AS (
+stamped AS (
+    SELECT b.project, b.lane, b.key, b.task, b.args, b.priority, b.max_attempts,
+           coalesce(b.scheduled_at, now()) AS scheduled_at, b.idempotency_key,
+           CASE WHEN b.scheduled_at > now() THEN 'scheduled' ELSE 'available' END::run_state
+               AS state,
+           c.start + row_number() OVER (PARTITION BY b.lane, b.key ORDER BY b.ord) / c.weight
+               AS vtime,
+           b.ord
+    FROM batch b JOIN clock c ON c.lane = b.lane AND c.key = b.key
+),
+plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, state, vtime)
-    SELECT b.project, b.lane, b.key, b.task, b.args, b.priority, b.max_attempts,
-           coalesce(b.scheduled_at, now()), b.idempotency_key,
-           CASE WHEN b.scheduled_at > now() THEN 'scheduled' ELSE 'available' END::run_state,
-           c.start + row_number() OVER (PARTITION BY b.lane, b.key ORDER BY b.ord) / c.weight
-    FROM batch b JOIN clock c ON c.lane = b.lane AND c.key = b.key
-    ORDER BY b.ord
+    SELECT project, lane, key, task, args, priority, max_attempts,
+           scheduled_at, idempotency_key, state, vtime
+    FROM stamped WHERE idempotency_key IS NULL
+    ORDER BY ord
+    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+),
+keyed AS (
+    INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
+                      scheduled_at, idempotency_key, state, vtime)
+    SELECT project, lane, key, task, args, priority, max_attempts,
+           scheduled_at, idempotency_key, state, vtime
+    FROM stamped WHERE idempotency_key IS NOT NULL
+    ORDER BY ord
     ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+),
+inserted AS (
+    SELECT * FROM plain UNION ALL SELECT * FROM keyed
 ),
 notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
