@@ -118,7 +118,9 @@ def test_duplicate_idempotency_key_returns_the_original(app: Tidegate) -> None:
     assert other_project.id != first.id
 
 
-def test_enqueue_many_with_repeated_keys_maps_each_to_its_run(app: Tidegate) -> None:
+def test_enqueue_many_with_repeated_keys_maps_each_to_its_run(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
     original = app.enqueue("echo", {"n": 0}, idempotency_key="a")
     runs = app.enqueue_many(
         [
@@ -127,10 +129,15 @@ def test_enqueue_many_with_repeated_keys_maps_each_to_its_run(app: Tidegate) -> 
             NewRun("echo", {"n": 3}, idempotency_key="b"),
             NewRun("echo", {"n": 4}, idempotency_key="b"),
             NewRun("echo", {"n": 5}),
+            NewRun("echo", {"n": 6}, idempotency_key="c"),
+            NewRun("echo", {"n": 7}),
         ]
     )
-    assert [r.args["n"] for r in runs] == [1, 0, 3, 3, 5]
+    assert [r.args["n"] for r in runs] == [1, 0, 3, 3, 5, 6, 7]
     assert runs[1].id == original.id and runs[2].id == runs[3].id
+    # Each run returned is the stored row of its input, whichever insert made it.
+    stored = dict(sql.execute("SELECT id, args FROM runs").fetchall())
+    assert [stored[r.id]["n"] for r in runs] == [1, 0, 3, 3, 5, 6, 7]
 
 
 def test_concurrent_duplicates_create_one_run(app: Tidegate, sql: psycopg.Connection) -> None:
