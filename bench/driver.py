@@ -229,11 +229,44 @@ class Measurement:
             finally:
                 await self.adapter.close()
 
+        start = self.conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
         seconds = asyncio.run(enqueue())
+        # The server's WAL written meanwhile: this enqueue's, and whatever else wrote
+        # (the benchmark's measurements take turns; a busy server shows here).
+        wal = self.conn.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), %s)", start
+        ).fetchone()
+        assert wal is not None
         queued = self.adapter.count_queued(self.conn)
         if queued != count:
             raise BenchError(f"{self.system}: enqueued {count} jobs, {queued} found queued")
-        return {"jobs": count, "seconds": seconds, "rate": count / seconds, "verified": True}
+        return {
+            "jobs": count,
+            "seconds": seconds,
+            "rate": count / seconds,
+            "wal_bytes_per_job": float(wal[0]) / count,
+            "index_entries_per_job": self.index_entries() / count,
+            "verified": True,
+        }
+
+    def index_entries(self) -> int:
+        """The entries the indexes of the system's tables hold: for each index, its
+        table's rows that meet its predicate (on a fresh database after an enqueue, the
+        entries the enqueue wrote)."""
+        total = 0
+        for table in self.adapter.tables:
+            name = sql.Identifier(*table.split("."))
+            predicates = self.conn.execute(
+                "SELECT pg_get_expr(indpred, indrelid) FROM pg_index WHERE indrelid = %s::regclass",
+                [name.as_string(self.conn)],
+            ).fetchall()
+            for (predicate,) in predicates:
+                where = sql.SQL(predicate or "true")  # the catalog's own text
+                row = self.conn.execute(
+                    sql.SQL("SELECT count(*) FROM {} WHERE {}").format(name, where)
+                ).fetchone()
+                total += row[0] if row else 0
+        return total
 
     def measure_enqueue(self) -> dict[str, Any]:
         return self._enqueue(self.options.jobs, self.options.batch)

@@ -19,6 +19,10 @@ def test_benchmark_smoke_run_verifies_every_workload_on_tidegate_and_raw(
             assert sample["verified"], (name, system, sample)
             if name in RATES:
                 assert sample["rate"] > 0
+            if name in ("enqueue", "single"):
+                # What the enqueue wrote: WAL, and at least the primary key's entry per job.
+                assert sample["wal_bytes_per_job"] > 0, (name, system, sample)
+                assert sample["index_entries_per_job"] >= 1, (name, system, sample)
             if name in ("drain", "wakeup", "starvation"):
                 # Every job recorded done in the database, each started exactly once.
                 assert sample["done"] == sample["starts"], (name, system, sample)
