@@ -1,18 +1,30 @@
 """What a user gets from ``pip install tidegate``: the license, the metadata an index page
-shows, and the package data the code reads.
+shows, the dependencies the code imports, and the package data the code reads.
 
 The project's metadata is read from pyproject.toml, the one place it is written.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import importlib.metadata
+import inspect
+import os
+import subprocess
+import sys
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 import tidegate
 from tests.conftest import ROOT
+from tidegate.api.protocol import GuardedHttpToolsProtocol
 
 PYPROJECT: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT: dict[str, Any] = PYPROJECT["project"]
@@ -49,3 +61,140 @@ def test_the_classifiers_agree_with_the_project() -> None:
     assert {"Framework :: FastAPI", "Framework :: AsyncIO"} <= set(classifiers)
     assert PROJECT["authors"] == [{"name": "tidegate contributors"}]
     assert PROJECT["keywords"]
+
+
+# -- dependencies: what the code imports, pyproject declares -----------------------------
+
+
+def catches_import_error(handler: ast.ExceptHandler) -> bool:
+    caught = ast.unparse(handler.type) if handler.type is not None else ""
+    return "ImportError" in caught or "ModuleNotFoundError" in caught
+
+
+def imports(tree: ast.Module) -> Iterator[tuple[str, bool]]:
+    """Each absolute import's top-level module, and whether it is optional: inside a
+    ``try`` that catches ``ImportError`` (the code runs without it)."""
+    optional: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(map(catches_import_error, node.handlers)):
+            optional.update(inner for statement in node.body for inner in ast.walk(statement))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.partition(".")[0], node in optional
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.module.partition(".")[0], node in optional
+
+
+def third_party_imports() -> dict[str, bool]:
+    """Every third-party top-level module imported under src/tidegate, at the top of a
+    module, in a function or for type checking alike; True where every import of it is
+    optional."""
+    found: dict[str, bool] = {}
+    for path in sorted(SOURCE.rglob("*.py")):
+        for module, optional in imports(ast.parse(path.read_text(), str(path))):
+            if module in sys.stdlib_module_names or module in ("__future__", "tidegate"):
+                continue
+            found[module] = found.get(module, True) and optional
+    return found
+
+
+def requirements(extra: str | None = None) -> list[Requirement]:
+    texts = PROJECT["dependencies"] if extra is None else PROJECT["optional-dependencies"][extra]
+    return [Requirement(text) for text in texts]
+
+
+def names(found: list[Requirement]) -> set[str]:
+    return {canonicalize_name(requirement.name) for requirement in found}
+
+
+def through_extras(found: list[Requirement]) -> set[str]:
+    """The distributions the extras of ``found`` add (``uvicorn[standard]``: uvloop, ...),
+    as the installed distributions declare them."""
+    added = set()
+    for requirement in found:
+        for extra in requirement.extras:
+            for text in importlib.metadata.requires(requirement.name) or []:
+                pulled = Requirement(text)
+                if pulled.marker is not None and pulled.marker.evaluate({"extra": extra}):
+                    added.add(canonicalize_name(pulled.name))
+    return added
+
+
+def test_every_third_party_module_the_code_imports_is_a_declared_dependency() -> None:
+    """An import that only works because another dependency happens to pull its package
+    in breaks the day that one stops. Imports the code can do without (``try: ...
+    except ImportError``) may come from an extra of tidegate's or of a dependency."""
+    found = third_party_imports()
+    assert {"fastapi", "pydantic", "starlette", "uvicorn", "psycopg"} <= set(found)
+    declared = names(requirements())
+    extras = set().union(*(names(requirements(e)) for e in PROJECT["optional-dependencies"]))
+    may_be_missing = declared | extras | through_extras(requirements())
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {}
+    for module, optional in sorted(found.items()):
+        provided = {canonicalize_name(d) for d in distributions.get(module, [])}
+        assert provided, f"{module} is imported but no installed distribution provides it"
+        if not provided & (may_be_missing if optional else declared):
+            undeclared[module] = sorted(provided)
+    assert undeclared == {}, "imported but not declared in pyproject.toml's dependencies"
+
+
+def test_no_module_imports_a_private_module_of_a_dependency() -> None:
+    """``psycopg._cursor_base`` and the like can change in any release."""
+    private = []
+    for path in sorted(SOURCE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            modules = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else []
+            )
+            private += [
+                f"{path.relative_to(SOURCE)}: {module}"
+                for module in modules
+                if not module.startswith("tidegate")
+                and any(part.startswith("_") for part in module.split(".")[1:])
+            ]
+    assert private == []
+
+
+def test_uvicorn_is_held_below_a_release_that_may_change_what_the_protocol_overrides() -> None:
+    """tidegate.api.protocol overrides methods of uvicorn's ``HttpToolsProtocol``, which
+    is not uvicorn's public API: a method renamed upstream would leave its override
+    silently unused, so each must still be uvicorn's, and the installed uvicorn within
+    the bound pyproject.toml holds it to."""
+    [uvicorn] = [r for r in requirements() if r.name == "uvicorn"]
+    assert any(spec.operator == "<" for spec in uvicorn.specifier), uvicorn
+    assert importlib.metadata.version("uvicorn") in uvicorn.specifier
+    own = {"unread", "_arm", "_disarm", "_too_slow", "_refuse"}
+    overridden = {
+        name
+        for name, value in vars(GuardedHttpToolsProtocol).items()
+        if inspect.isfunction(value) and name not in own
+    }
+    assert {"data_received", "on_headers_complete", "_unsupported_upgrade_warning"} <= overridden
+    missing = {name for name in overridden if not callable(getattr(HttpToolsProtocol, name, None))}
+    assert missing == set()
+
+
+def test_schedules_know_their_time_zones_on_a_system_without_a_time_zone_database() -> None:
+    """With no system database (an empty TZPATH, as in a slim container), zoneinfo reads
+    the tzdata package: "UTC" and "Europe/Berlin" are known, not refused."""
+    check = (
+        "import zoneinfo; from tidegate.schedules import Timing; "
+        "assert zoneinfo.TZPATH == (), zoneinfo.TZPATH; "
+        "Timing(interval_seconds=30); "
+        "Timing(cron='0 8 * * MON', timezone='Europe/Berlin'); "
+        "Timing(cron='@daily', timezone='UTC')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", check],
+        env={**os.environ, "PYTHONTZPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
