@@ -11,6 +11,7 @@ import hashlib
 import importlib.metadata
 import inspect
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -61,6 +62,26 @@ def test_the_classifiers_agree_with_the_project() -> None:
     assert {"Framework :: FastAPI", "Framework :: AsyncIO"} <= set(classifiers)
     assert PROJECT["authors"] == [{"name": "tidegate contributors"}]
     assert PROJECT["keywords"]
+
+
+def test_the_version_is_written_once_in_the_package() -> None:
+    """pyproject.toml reads ``tidegate.__version__``; the installed metadata, ``tidegate
+    --version`` and the API's OpenAPI document say the same (tests/test_cli.py and the
+    wheel's test below)."""
+    assert "version" not in PROJECT
+    assert "version" in PROJECT["dynamic"]
+    assert PYPROJECT["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "tidegate.__version__"}
+    assert re.fullmatch(r"\d+\.\d+\.\d+", tidegate.__version__)
+    assert tidegate.__version__ == importlib.metadata.version("tidegate")
+    written = [
+        str(path.relative_to(SOURCE))
+        for path in SOURCE.rglob("*")
+        if path.is_file()
+        and path.suffix in {".py", ".html", ".js", ".sql"}
+        and path.name != "__init__.py"
+        and f'"{tidegate.__version__}"' in path.read_text()
+    ]
+    assert written == []
 
 
 # -- dependencies: what the code imports, pyproject declares -----------------------------
