@@ -10,22 +10,30 @@ import ast
 import hashlib
 import importlib.metadata
 import inspect
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 import tomllib
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 import tidegate
 from tests.conftest import ROOT
+from tests.test_serve import Serve
 from tidegate.api.protocol import GuardedHttpToolsProtocol
+from tidegate.storage.migrate import latest_version
 
 PYPROJECT: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())
 PROJECT: dict[str, Any] = PYPROJECT["project"]
@@ -219,3 +227,143 @@ def test_schedules_know_their_time_zones_on_a_system_without_a_time_zone_databas
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
+
+
+# -- the wheel: built, installed in a fresh virtual environment, serving ------------------
+
+STEP_SECONDS = 120.0
+"""The most one step may take: building or installing is seconds with pip's cache."""
+README_TOKEN = "change-me"
+"""The admin token of the README's first command."""
+
+
+def run(*command: str | Path, cwd: Path, env: dict[str, str]) -> str:
+    """Run ``command`` to its end; return its stdout."""
+    done = subprocess.run(
+        [str(part) for part in command],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=STEP_SECONDS,
+    )
+    assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def build_wheel(tmp_path: Path) -> Path:
+    """Build the wheel with ``python -m build --wheel`` from a copy of the checkout, so
+    that the build leaves nothing (build/, egg-info) in it."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / name, source / name)
+    ignored = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    shutil.copytree(ROOT / "src", source / "src", ignore=ignored)
+    dist = tmp_path / "dist"
+    command = [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(source)]
+    run(*command, cwd=tmp_path, env=dict(os.environ))
+    [wheel] = dist.glob("*.whl")
+    return wheel
+
+
+def package_files() -> set[str]:
+    """What the wheel must carry of src/: every file of the package, the code, the SQL,
+    the templates, the static files and the ``py.typed`` marker alike."""
+    return {
+        path.relative_to(SOURCE.parent).as_posix()
+        for path in SOURCE.rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def required(metadata: str) -> set[str]:
+    """The wheel's ``Requires-Dist`` outside any extra, each as a normalized requirement."""
+    return {
+        str(Requirement(line.removeprefix("Requires-Dist: ")))
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    }
+
+
+def outside_the_checkout(venv: Path) -> dict[str, str]:
+    """This environment without what points into the checkout or its virtualenv, with the
+    fresh ``venv`` first on the PATH, as a shell with it activated has it."""
+    kept = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("TIDEGATE_", "PYTHON")) and name != "VIRTUAL_ENV"
+    }
+    return {**kept, "PATH": f"{venv / 'bin'}{os.pathsep}{kept.get('PATH', '')}"}
+
+
+@pytest.mark.wheel
+def test_the_wheel_installs_in_a_fresh_environment_and_serves(tmp_path: Path) -> None:
+    """``python -m build`` makes a wheel with the whole package in it; installed (not
+    editable) in a new virtual environment, with its dependencies and nothing else, the
+    README's first command serves from it on an embedded PostgreSQL: the API, the
+    dashboard and its static files, and the schema made from the wheel's SQL, through
+    which a run is claimed and done."""
+    pytest.importorskip("build", reason="the build package is not installed (tidegate[test])")
+    version = tidegate.__version__
+    wheel = build_wheel(tmp_path)
+    assert wheel.name == f"tidegate-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        contents = set(archive.namelist())
+        metadata = archive.read(f"tidegate-{version}.dist-info/METADATA").decode()
+    assert {name for name in contents if name.startswith("tidegate/")} == package_files()
+    assert f"tidegate-{version}.dist-info/licenses/LICENSE" in contents
+    assert {"License-Expression: Apache-2.0", "License-File: LICENSE"} <= set(metadata.splitlines())
+    assert required(metadata) == {str(r) for r in requirements()}
+
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=tmp_path, env=dict(os.environ))
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    run(*pip, "install", "--quiet", wheel, cwd=tmp_path, env=dict(os.environ))
+    run(*pip, "check", cwd=tmp_path, env=dict(os.environ))
+    env = outside_the_checkout(venv)
+    project = tmp_path / "project"
+    project.mkdir()
+    where = run("python", "-c", "import tidegate; print(tidegate.__file__)", cwd=project, env=env)
+    assert Path(where.strip()).is_relative_to(venv), where
+    assert run("tidegate", "--version", cwd=project, env=env) == f"tidegate {version}\n"
+
+    serve = Serve(
+        env={**env, "TIDEGATE_ADMIN_TOKEN": README_TOKEN},
+        cwd=project,
+        command=[str(venv / "bin" / "tidegate")],
+    )
+    try:
+        with httpx.Client(base_url=serve.url, timeout=10) as client:
+            serve.wait_for(r"INFO tidegate\.worker: worker \S+ started")
+            assert client.get("/healthz").json() == {"status": "ok"}
+            assert client.get("/openapi.json").json()["info"]["version"] == version
+            assert client.get("/docs").status_code == 200
+
+            login = client.get("/ui/login")
+            assert login.status_code == 200
+            static = re.findall(r'(?:href|src)="/ui/static/([^"]+)"', login.text)
+            assert {"ui.css", "ui.js", "htmx.min.js"} <= set(static)
+            for name in static:
+                served = client.get(f"/ui/static/{name}")
+                assert served.status_code == 200, name
+                assert served.content == (SOURCE / "ui" / "static" / name).read_bytes(), name
+            signed_in = client.post("/ui/login", data={"token": README_TOKEN})
+            assert (signed_in.status_code, signed_in.headers["location"]) == (303, "/ui/")
+            assert client.get("/ui/").status_code == 200  # the overview, rendered
+
+            # The schema serve made is the one this code needs; and a run is claimed,
+            # done and read through the wheel's stored functions and statements.
+            migrated = run("tidegate", "migrate", cwd=project, env=env)
+            assert migrated == f"schema 'tidegate' at version {latest_version()} (up to date)\n"
+            enqueued = run(
+                "tidegate", "enqueue", "tidegate.echo", "--args", '{"n": 1}', cwd=project, env=env
+            )
+            path = f"/runs/{json.loads(enqueued)['id']}"
+            admin = {"Authorization": f"Bearer {README_TOKEN}"}
+            deadline = time.monotonic() + 30
+            while (state := client.get(path, headers=admin).json()["state"]) != "succeeded":
+                assert state in ("available", "running") and time.monotonic() < deadline, state
+                time.sleep(0.1)
+    finally:
+        assert serve.stop() == 0, "\n".join(serve.lines)
