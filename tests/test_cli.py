@@ -6,6 +6,7 @@ line on stderr, the exit status, and how long it took.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -22,7 +23,7 @@ from click.testing import CliRunner, Result
 
 from tests.conftest import ROOT, running_worker, wait_until
 from tests.http_fixtures import PrivatePostgres, wait_for_workers
-from tidegate import Settings, Tidegate
+from tidegate import Settings, Tidegate, __version__
 from tidegate.cli import main
 from tidegate.lanes import parse_workloops
 from tidegate.projects import hash_token
@@ -232,6 +233,14 @@ def test_an_enqueue_of_a_task_no_worker_has_logs_a_warning(
         assert re.fullmatch(r"\S+ \S+ WARNING tidegate: " + re.escape(message), line)
 
 
+def test_version_prints_the_installed_version_and_nothing_else() -> None:
+    done, _ = tidegate("--version", env=clean_environment())
+    assert (done.returncode, done.stdout, done.stderr) == (0, f"tidegate {__version__}\n", "")
+    assert __version__ == importlib.metadata.version("tidegate")
+    result = CliRunner().invoke(main, ["--version", "runs"])  # answered before any command
+    assert (result.exit_code, result.stdout) == (0, f"tidegate {__version__}\n")
+
+
 # -- expected failures: one line, status 1, within seconds ----------------------------
 
 
@@ -409,6 +418,7 @@ def help_entries(*command: str) -> dict[str, str]:
         assert option, entry
         found[option[1]] = " ".join(entry.split())
     del found["--help"]
+    found.pop("--version", None)  # tidegate's own, like --help: no setting, no default
     return found
 
 

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +33,21 @@ STOP_SECONDS = 30.0
 
 
 class Serve:
-    """A ``tidegate serve`` process and the lines it has logged so far."""
+    """A ``tidegate serve`` process and the lines it has logged so far.
 
-    def __init__(self, *args: str, env: dict[str, str], cwd: Path) -> None:
+    ``command`` runs tidegate: this environment's by default, another's (an installed
+    wheel's ``tidegate``) if given.
+    """
+
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str],
+        cwd: Path,
+        command: Sequence[str] = (sys.executable, "-m", "tidegate"),
+    ) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tidegate", *args, "serve", "--port", "0"],
+            [*command, *args, "serve", "--port", "0"],
             env=env,
             cwd=cwd,
             stderr=subprocess.PIPE,

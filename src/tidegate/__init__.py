@@ -19,6 +19,10 @@ from tidegate.lanes import WorkloopSpec, parse_chain, parse_workloops
 from tidegate.runs import Cancel, Discard, DownstreamFailing, Retry, Run, RunState, current_run
 from tidegate.settings import Settings
 
+__version__ = "0.1.0"
+"""tidegate's version, written here alone: pyproject.toml reads it (``dynamic``), and so
+do ``tidegate --version`` and the installed distribution's metadata."""
+
 __all__ = [
     "Cancel",
     "ConfigError",

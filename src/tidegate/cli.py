@@ -24,6 +24,7 @@ from typing import IO, Any, TypeVar
 import click
 import psycopg
 
+from tidegate import __version__
 from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
 from tidegate.limits import (
@@ -146,6 +147,7 @@ def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callabl
     help="text for people; json, one object per line, for log collectors.",
 )
 @_option("--verbose", "-v", is_flag=True, help="Log at debug level; tracebacks with errors.")
+@click.version_option(__version__, prog_name="tidegate", message="%(prog)s %(version)s")
 @click.pass_context
 def main(
     ctx: click.Context,

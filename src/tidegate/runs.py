@@ -19,7 +19,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
-from psycopg._cursor_base import BaseCursor
+from psycopg import AsyncCursor, Cursor
 from psycopg.rows import RowMaker
 
 from tidegate.errors import InputError
@@ -175,7 +175,7 @@ def stored_run(values: dict[str, Any]) -> Run:
 _TIMES = ("scheduled_at", "inserted_at", "attempted_at", "completed_at", "lease_expires_at")
 
 
-def run_row(cursor: BaseCursor[Any, Any]) -> RowMaker[Run]:
+def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
     """Row factory that builds ``Run`` objects from ``SELECT *`` of ``runs``.
 
     When the columns are exactly ``Run``'s fields in order (the table's own order), rows

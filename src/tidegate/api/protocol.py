@@ -21,6 +21,12 @@ The number of header fields (431), the body's limits and its timeouts are the ``
 middleware's. ``tidegate serve``
 passes this class to uvicorn (``http=``); behind a reverse proxy, keep the proxy's own
 limits too (docs/security.md).
+
+uvicorn has no setting for either bound (``h11_max_incomplete_event_size`` is h11's
+only, and nothing times a head), and ``HttpToolsProtocol`` and the parser callbacks
+overridden here are not uvicorn's public API: pyproject.toml holds uvicorn below its
+next minor release, and ``tests/test_packaging.py`` checks that every method overridden
+here is still one of uvicorn's.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from tidegate import __version__
 from tidegate.api import admin, health, hooks, metrics, runs, workers
 from tidegate.api.guard import Guard
 from tidegate.api.kernel import (
@@ -53,7 +54,7 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     server = FastAPIOffline(
         title="tidegate",
         summary="Webhook ingress with admission control, runs on PostgreSQL",
-        version="0.1.0",
+        version=__version__,
         lifespan=lifespan,
         responses=COMMON_RESPONSES,
     )
