@@ -263,6 +263,64 @@ def test_a_claim_reads_no_backlog_when_the_statistics_predate_it(
         assert rows_scanned(plans) <= 500 + 2 * 8, rows_scanned(plans)
 
 
+def stale_statistics_of_finished_runs_in_many_lanes(sql: psycopg.Connection) -> None:
+    """Statistics taken over 100,000 finished runs of five lanes, none ready, then a
+    backlog of 50,000 ready runs in ``default`` that no ANALYZE has seen: every index of
+    ready runs looks empty, and ``manual`` holds none. (Over one lane's finished runs the
+    fixed n_distinct keeps the probes right; over several, a probe of ``manual`` took
+    runs_claim_any, the smaller index, and filtered the whole backlog to find nothing.)"""
+    sql.execute("ALTER TABLE runs SET (autovacuum_enabled = off)")
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, state, vtime, completed_at)"
+        " SELECT 'p' || (i % 1000),"
+        "  CASE WHEN i % 10 < 7 THEN 'default' WHEN i % 10 = 7 THEN 'fast_lane'"
+        "   ELSE 'lane' || (i % 3) END,"
+        "  'k' || (i % 10000), 'noop',"
+        "  CASE WHEN i % 20 = 0 THEN 'discarded' ELSE 'succeeded' END::run_state, i, now()"
+        " FROM generate_series(1, 100000) AS i"
+    )
+    sql.execute("ANALYZE runs")
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', 'default', 'k' || (i % 20), 'noop', i FROM generate_series(1, 50000) AS i"
+    )
+
+
+@pytest.mark.parametrize("limits", [False, True], ids=["set-based", "with-key-limits"])
+def test_a_probe_of_an_empty_lane_reads_no_backlog_of_another_when_the_statistics_predate_it(
+    app: Tidegate, sql: psycopg.Connection, limits: bool
+) -> None:
+    """A `manual>default` workloop on a quiet system's statistics: its probe of the empty
+    `manual` reads nothing, its probe of `default` the head; an enqueue to `manual`
+    stamps its run from two probes."""
+    stale_statistics_of_finished_runs_in_many_lanes(sql)
+    if limits:
+        sql.execute("INSERT INTO key_policies (lane, key, max_running) VALUES ('default', '*', 99)")
+    for _ in range(7):  # past the five custom plans after which a generic one may stay
+        plans, claimed = claim_plans(sql, ["manual"], False)
+        assert claimed == []
+        assert rows_scanned(plans) <= 10, rows_scanned(plans)
+        plans, claimed = claim_plans(sql, ["manual", "default"], False)
+        assert len(claimed) == 8
+        assert rows_scanned(plans) <= 500 + 2 * 8, rows_scanned(plans)
+    one = {
+        "project": "p",
+        "lane": "manual",
+        "key": "k1",
+        "task": "noop",
+        "args": "{}",
+        "priority": 0,
+        "max_attempts": 20,
+        "scheduled_at": None,
+        "idempotency_key": None,
+        "channel": "c",
+    }
+    for _ in range(7):
+        plans, inserted = explained(sql, "insert_run", one)
+        assert len(inserted) == 1
+        assert rows_scanned(plans) <= 10, rows_scanned(plans)
+
+
 def test_a_webhook_admission_reads_no_backlog_when_the_statistics_predate_it(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:

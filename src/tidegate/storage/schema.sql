@@ -78,7 +78,14 @@ CREATE TABLE runs (
 CREATE INDEX runs_claim_lane ON runs (lane, rank, id) WHERE state = 'available';
 
 -- The claim of `*` (every lane not named before it): one ordered probe across lanes.
-CREATE INDEX runs_claim_any ON runs (rank, id) WHERE state = 'available';
+-- `priority >= 0` holds for every run (runs_priority_range); it is in the predicate so
+-- that only a statement that says it can use this index: the probes across lanes (the
+-- claims' `*`, the parker's, the dashboard's keys next in line) say it, a probe of one
+-- lane never does. Statistics taken while no run was ready (a quiet system's table of
+-- finished runs over several lanes) make every index of ready runs look empty, and a
+-- probe of an empty named lane then took this smaller index and filtered it: 50,000
+-- rows read per claim for none found, behind a backlog in another lane.
+CREATE INDEX runs_claim_any ON runs (rank, id) WHERE state = 'available' AND priority >= 0;
 
 -- A key's newest ready run: where its next run's virtual time starts (key_clock), and
 -- the backlog cap's count of a key's ready runs (unstarted_runs_of_key).

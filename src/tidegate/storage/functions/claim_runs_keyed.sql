@@ -147,12 +147,14 @@ BEGIN
                 OPEN candidates FOR
                     SELECT id, lane, key, project, task, rank FROM runs
                     WHERE lane <> ALL(p_lanes) AND state = 'available'
+                      AND priority >= 0  -- runs_claim_any's mark
                     ORDER BY rank, id
                     FOR UPDATE SKIP LOCKED;
             ELSE
                 OPEN candidates FOR
                     SELECT id, lane, key, project, task, rank FROM runs
                     WHERE lane <> ALL(p_lanes) AND state = 'available'
+                      AND priority >= 0  -- runs_claim_any's mark
                       AND (rank, id) > (last_rank, last_id)
                       AND rank >= coalesce(frontier, '-infinity')
                     ORDER BY rank, id

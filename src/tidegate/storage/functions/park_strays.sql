@@ -32,6 +32,7 @@ BEGIN
         SELECT any_lane.id, any_lane.lane, any_lane.task FROM (
             SELECT runs.id, runs.lane, runs.task FROM runs
             WHERE p_wildcard AND runs.state = 'available' AND runs.lane <> ALL(p_lanes)
+              AND runs.priority >= 0  -- runs_claim_any's mark
             ORDER BY runs.rank, runs.id
             LIMIT p_scan_limit
         ) AS any_lane

@@ -50,6 +50,7 @@ rest AS (
           AND NOT (SELECT apply FROM limits)
           AND runs.state = 'available'
           AND runs.lane <> ALL(%(lanes)s::text[])
+          AND runs.priority >= 0  -- runs_claim_any's mark
         ORDER BY runs.rank, runs.id
         LIMIT %(scan_limit)s
         FOR UPDATE SKIP LOCKED

@@ -27,7 +27,8 @@ WITH running AS (
 ),
 head AS (
     SELECT ready.lane, ready.key, count(*) AS next_in_line FROM (
-        SELECT lane, key, project FROM runs WHERE state = 'available'
+        SELECT lane, key, project FROM runs
+        WHERE state = 'available' AND priority >= 0  -- runs_claim_any's mark
         ORDER BY rank, id
         LIMIT %(scan_limit)s::integer
     ) AS ready
