@@ -13,7 +13,7 @@ own (``bench_rows_<hex>``, dropped after):
   empty        nothing but what the measurements themselves make;
   finished N   N finished runs: 95% succeeded, 5% discarded after 20 attempts; over
                1,000 projects and 10,000 keys, 70% in ``default``, 10% in ``fast_lane``,
-               the rest in three other lanes; completed_at spread evenly over the last
+               the rest in two other lanes; completed_at spread evenly over the last
                6.9 days (inside the default 7-day retention, so the pruner finds none);
                every other one with its webhook request kept (``requests``);
   ready N      N available runs over 1,000 projects and 10,000 keys in ten lanes
@@ -578,6 +578,21 @@ def _cell(figure: dict[str, Any], digits: int = 0) -> str:
     return f"{median} ({low} - {high})"
 
 
+PARTS = ("admission", "batch", "single", "drain")
+
+
+def _reads(reads: dict[str, float]) -> str:
+    """Index entries read in all, and the indexes that read most of them."""
+    indexes = {name: n for name, n in reads.items() if name != "seq scans of runs"}
+    shown = ", ".join(
+        f"{name} {n:,.1f}" for name, n in sorted(indexes.items(), key=lambda kv: -kv[1])[:2]
+    )
+    seq = reads.get("seq scans of runs", 0)
+    return f"{sum(indexes.values()):,.1f} ({shown})" + (
+        f"; rows read by sequential scans {seq:,.1f}" if seq >= 1 else ""
+    )
+
+
 def render(result: dict[str, Any]) -> str:
     s = result["summary"]
     server, machine = result["server"], result["machine"]
@@ -621,6 +636,15 @@ def render(result: dict[str, Any]) -> str:
             + f" | {size['runs_heap'] / 2**20:,.1f} | {size['runs_indexes'] / 2**20:,.1f}"
             f" | {size['requests'] / 2**20:,.1f} |"
         )
+    lines += [
+        "",
+        "| table state | index entries read: admission, per call | batch enqueue, per run "
+        "| single enqueue, per run | drain, per run |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for label, entry in s.items():
+        reads = entry["index_reads_per_unit"]
+        lines.append(f"| {label} | " + " | ".join(_reads(reads[part]) for part in PARTS) + " |")
     missed = _misses(s)
     lines += [
         "",
@@ -628,7 +652,10 @@ def render(result: dict[str, Any]) -> str:
         f"enqueue {sizes['batch_runs']:,} runs in batches of {sizes['batch_size']:,}, single "
         f"enqueue {sizes['single_runs']:,} runs, drain of the "
         f"{sizes['batch_runs'] + sizes['single_runs']:,} runs enqueued. p99 columns: the "
-        "ratio to the empty table in brackets. Every run and webhook verified: "
+        "ratio to the empty table in brackets. Index entries read: in the first repetition, "
+        "over every index of the schema, by the part's own statements and the worker's "
+        "(pg_stat_user_indexes), with the two indexes that read most. Every run and webhook "
+        "verified: "
         f"{'yes' if result['verified'] else '**no**'}. Aim, every figure within 10% of the "
         "empty table's: " + ("met." if not missed else "not met by " + "; ".join(missed) + "."),
     ]

@@ -45,4 +45,4 @@ def test_rows_benchmark_smoke_run_verifies_every_run_and_leaves_each_state_untou
         "sizes": SMOKE.__dict__,
         "verified": True,
     }
-    assert render(result).count("\n| ") == 2 * (len(states) + 2)
+    assert render(result).count("\n| ") == 3 * (len(states) + 2)
