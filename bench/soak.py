@@ -45,8 +45,11 @@ Verdicts, each reported with its figure whether or not it holds:
 - **autovacuum keeping up**: in the last half, autovacuum ran on ``runs``, and its dead
   rows stayed under twice autovacuum's own trigger (50 + 0.2 x live rows).
 
-Results go to ``bench/results/soak-postgres<major>[-embedded].json``; ``--write-docs``
-renders them into docs/benchmarks.md between its ``bench:soak`` markers.
+The server's vacuum settings (``autovacuum``, its naptime, scale factor, cost limit and
+delay, workers) are kept with the results: the last verdict means nothing on a server
+whose autovacuum is off. Results go to
+``bench/results/soak-postgres<major>[-embedded].json``; ``--write-docs`` renders them
+into docs/benchmarks.md between its ``bench:soak`` markers.
 """
 
 from __future__ import annotations
@@ -95,6 +98,16 @@ SIZE_SLACK = 1.20
 P99_SLACK = 1.25
 DEAD_SLACK = 2.0
 SMOKE = {"minutes": 0.2, "retention": 4.0, "sample_seconds": 2.0, "rate": 300.0}
+
+AUTOVACUUM = (
+    "autovacuum",
+    "autovacuum_naptime",
+    "autovacuum_vacuum_scale_factor",
+    "autovacuum_vacuum_cost_limit",
+    "autovacuum_vacuum_cost_delay",
+    "autovacuum_max_workers",
+)
+"""The server's settings that decide whether and how fast dead rows are vacuumed."""
 
 SAMPLE = """
 SELECT relname::text, pg_relation_size(relid), pg_indexes_size(relid), n_live_tup,
@@ -388,6 +401,10 @@ def render(result: dict[str, Any]) -> str:
         f"load average {machine['loadavg_at_start'][0]} at start, "
         f"{machine['loadavg_at_end'][0]} at end; `{result['command']}`",
         "",
+        "Server's vacuum settings: "
+        + ", ".join(f"{name}={value}" for name, value in result["autovacuum"].items())
+        + ".",
+        "",
         f"A {s['minutes']:g}-minute run: drain rate {measured}; enqueued "
         f"{s['rate']:,.0f} runs/s asked, {s['enqueued'] / (s['minutes'] * 60):,.0f} done "
         f"({s['enqueued']:,} runs); retention {s['retention_seconds']:g} s, pruned every "
@@ -395,17 +412,20 @@ def render(result: dict[str, Any]) -> str:
         f"verified: {'yes' if s['verified'] else '**no**'}.",
         "",
         "| t, min | runs heap, MB | runs indexes, MB | other tables, MB | runs live / dead rows "
-        "| autovacuums of runs | ready / running | finished in the window "
+        "| autovacuums of runs | ready / running | enqueued, runs/s | finished in the window "
         "| wake-up p50 / p99, ms | enqueue_many p99, ms |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    before = {"t": 0.0, "enqueued": 0}
     for x in s["samples"]:
         runs, states = x["tables"]["runs"], x["states"]
         enqueue = x["enqueue_ms"]["p99"] if x["enqueue_ms"] else None
+        rate = (x["enqueued"] - before["enqueued"]) / max(x["t"] - before["t"], 1e-9)
+        before = x
         lines.append(
             f"| {x['t'] / 60:.1f} | {_mb(x['runs_heap'])} | {_mb(x['runs_indexes'])} "
             f"| {_mb(x['others'])} | {runs['live']:,} / {runs['dead']:,} | {runs['autovacuums']} "
-            f"| {states.get('available', 0):,} / {states.get('running', 0):,} "
+            f"| {states.get('available', 0):,} / {states.get('running', 0):,} | {rate:,.0f} "
             f"| {x['finished']:,} | {_ms(x['wake_up_ms']['p50'])} / {_ms(x['wake_up_ms']['p99'])} "
             f"| {_ms(enqueue)} |"
         )
@@ -464,6 +484,11 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "bench.soak", *(redact(a) for a in argv)])
     started = time.monotonic()
     result = new_record(url, command, embedded)
+    with psycopg.connect(url, autocommit=True) as conn:
+        result["autovacuum"] = {
+            name: conn.execute("SELECT current_setting(%s)", [name]).fetchone()[0]  # type: ignore[index]
+            for name in AUTOVACUUM
+        }
     rate = options["rate"]
     if rate is None:
         result["drain_rate"] = drain(url, 1, None, DRAIN_RUNS)["rate"]

@@ -27,6 +27,7 @@ def test_soak_smoke_run_verifies_every_run_and_reports_its_samples_and_verdicts(
         "code": {"commit": "abc1234"},
         "date": "2026-11-27",
         "command": "python -m bench.soak --smoke",
+        "autovacuum": {"autovacuum": "on"},
     }
     result["verdicts"] = verdicts(result)
     assert set(result["verdicts"]) == {"sizes_flat", "p99_not_creeping", "autovacuum_keeping_up"}
