@@ -11,6 +11,7 @@
     app.migrate()
     run = app.enqueue(send_email, {"to": "a@example.com", "subject": "hi"})
     runs = app.enqueue_many([NewRun(send_email, {...}) for ...])   # one statement
+    app.enqueue(send_email, {...}, connection=conn)   # in the caller's transaction
     app.run_worker("fast_lane:1 manual>*:4")
 
 Every operation has a sync form (``enqueue``) and an async one (``aenqueue``); both run
@@ -33,6 +34,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -61,7 +64,7 @@ from tidegate.schedules import Declared
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
 from tidegate.storage.migrate import migrate
-from tidegate.storage.sql import Statement, Steps, adrive, drive
+from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
 from tidegate.tracing import Span, span
 
 DEFAULT_LANE = "default"
@@ -278,27 +281,57 @@ class Tidegate:
 
     # -- enqueue ------------------------------------------------------------------
 
-    def enqueue(self, task: str | Task, args: dict[str, Any] | None = None, **options: Any) -> Run:
-        """Enqueue one run and return it (the original one for a repeated idempotency key)."""
-        return self.enqueue_many([NewRun(task, args, **options)])[0]
+    def enqueue(
+        self,
+        task: str | Task,
+        args: dict[str, Any] | None = None,
+        *,
+        connection: psycopg.Connection[Any] | None = None,
+        **options: Any,
+    ) -> Run:
+        """Enqueue one run and return it (the original one for a repeated idempotency key);
+        with ``connection``, in that connection's transaction (see ``enqueue_many``)."""
+        return self.enqueue_many([NewRun(task, args, **options)], connection=connection)[0]
 
-    def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
-        """Enqueue runs in one statement; return them in input order."""
+    def enqueue_many(
+        self, runs: Iterable[NewRun], *, connection: psycopg.Connection[Any] | None = None
+    ) -> list[Run]:
+        """Enqueue runs in one statement; return them in input order.
+
+        With ``connection``, a psycopg ``Connection`` of the application's own, the runs
+        are inserted in its transaction, which the caller commits or rolls back: they
+        become visible and wake the workers of their lanes when it commits, and vanish
+        if it rolls back. Its ``search_path`` is tidegate's only while the enqueue runs.
+        On a connection in autocommit mode outside a transaction block, the enqueue is a
+        transaction of its own, committed before it returns, as any statement there is.
+        """
         rows = [self.resolve(n) for n in runs]
         with _enqueue_span(rows):
-            return self.execute(self.insert_steps(rows))
+            if connection is None:
+                return self.execute(self.insert_steps(rows))
+            return self._execute_in(connection, self.insert_steps(rows))
 
     async def aenqueue(
-        self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
+        self,
+        task: str | Task,
+        args: dict[str, Any] | None = None,
+        *,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        **options: Any,
     ) -> Run:
-        """Async form of ``enqueue``."""
-        return (await self.aenqueue_many([NewRun(task, args, **options)]))[0]
+        """Async form of ``enqueue``; ``connection`` is a psycopg ``AsyncConnection``."""
+        new = [NewRun(task, args, **options)]
+        return (await self.aenqueue_many(new, connection=connection))[0]
 
-    async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
-        """Async form of ``enqueue_many``."""
+    async def aenqueue_many(
+        self, runs: Iterable[NewRun], *, connection: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[Run]:
+        """Async form of ``enqueue_many``; ``connection`` is a psycopg ``AsyncConnection``."""
         rows = [self.resolve(n) for n in runs]
         with _enqueue_span(rows):
-            return await self.aexecute(self.insert_steps(rows))
+            if connection is None:
+                return await self.aexecute(self.insert_steps(rows))
+            return await self._aexecute_in(connection, self.insert_steps(rows))
 
     def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         """The steps of ``enqueue_many``, for a caller that runs them on a connection of
@@ -557,6 +590,28 @@ class Tidegate:
         async with self._async_pool[1].connection() as conn:
             return await adrive(conn, steps)
 
+    def _execute_in(self, conn: psycopg.Connection[Any], steps: Steps[T]) -> T:
+        """Run steps in the transaction of the application's connection ``conn``, in
+        tidegate's schema (``in_schema``); never commit or roll back for it, but begin
+        and commit a transaction where autocommit has none open."""
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(_wrong_connection(conn, "psycopg.Connection", "aenqueue"))
+        steps = in_schema(self.settings.schema, steps)
+        if conn.autocommit and conn.info.transaction_status is TransactionStatus.IDLE:
+            with conn.transaction():
+                return drive(conn, steps)
+        return drive(conn, steps)
+
+    async def _aexecute_in(self, conn: psycopg.AsyncConnection[Any], steps: Steps[T]) -> T:
+        """Async form of ``_execute_in``."""
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError(_wrong_connection(conn, "psycopg.AsyncConnection", "enqueue"))
+        steps = in_schema(self.settings.schema, steps)
+        if conn.autocommit and conn.info.transaction_status is TransactionStatus.IDLE:
+            async with conn.transaction():
+                return await adrive(conn, steps)
+        return await adrive(conn, steps)
+
 
 def task_name(fn: Callable[..., Any]) -> str:
     """Return a handler's default task name: ``module.qualname``, however it was loaded.
@@ -576,6 +631,14 @@ def task_name(fn: Callable[..., Any]) -> str:
         elif path:
             module = Path(path).stem
     return f"{module}.{fn.__qualname__}"
+
+
+def _wrong_connection(conn: object, wanted: str, other: str) -> str:
+    """Say that ``conn`` is not the connection this form of enqueue takes."""
+    kind = type(conn).__name__
+    return f"connection= must be a {wanted}, got {kind}" + (
+        f" (use {other} or {other}_many for it)" if isinstance(conn, psycopg.BaseConnection) else ""
+    )
 
 
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
