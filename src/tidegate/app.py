@@ -12,6 +12,7 @@
     run = app.enqueue(send_email, {"to": "a@example.com", "subject": "hi"})
     runs = app.enqueue_many([NewRun(send_email, {...}) for ...])   # one statement
     app.enqueue(send_email, {...}, connection=conn)   # in the caller's transaction
+    app.result(run.id, timeout=60)                    # wait for the run's result
     app.run_worker("fast_lane:1 manual>*:4")
 
 Every operation has a sync form (``enqueue``) and an async one (``aenqueue``); both run
@@ -21,6 +22,7 @@ the same steps (``storage.sql.Steps``), only the connection differs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -35,12 +37,21 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 import psycopg
+from psycopg import sql
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate import forward, policies, schedules
-from tidegate.errors import ConfigError, EnqueueError, InputError
+from tidegate.errors import (
+    ConfigError,
+    EnqueueError,
+    InputError,
+    ResultTimeout,
+    RunCancelled,
+    RunFailed,
+    UnknownRunError,
+)
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     ATTEMPTS,
@@ -59,6 +70,7 @@ from tidegate.runs import (
     list_runs,
     run_row,
     stored_run,
+    watched_run,
 )
 from tidegate.schedules import Declared
 from tidegate.settings import Settings
@@ -71,6 +83,9 @@ DEFAULT_LANE = "default"
 MAX_DELAY = timedelta(days=3650)
 WORKER_CHECK_SECONDS = 60.0
 """How often, at most, an enqueue looks whether a live worker has its task."""
+RESULT_POLL_SECONDS = 5.0
+"""How long ``result`` waits for its run's notification before it reads the run again
+anyway: a safety net only, since the run's end NOTIFYs the completion channel."""
 
 log = logging.getLogger("tidegate")
 
@@ -147,7 +162,8 @@ class Tidegate:
 
     @property
     def completed_channel(self) -> str:
-        """The NOTIFY channel of finished fast-lane runs; the payload is the run id."""
+        """The NOTIFY channel of finished fast-lane runs and watched runs; the payload is
+        the run id."""
         return f"{self.settings.schema}.completed"
 
     # -- tasks --------------------------------------------------------------------
@@ -502,6 +518,50 @@ class Tidegate:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
         return self.execute(cancel_run(run_id, completed_channel=self.completed_channel))
 
+    def result(self, run_id: int, timeout: float | None = None) -> Any:
+        """Wait until run ``run_id`` has finished, and return its result if it succeeded.
+
+        Raises ``RunFailed`` if it ended ``discarded``, ``RunCancelled`` if ``cancelled``
+        (each with ``.run`` and its ``.errors``), ``ResultTimeout`` (a ``TimeoutError``)
+        if it has not finished after ``timeout`` seconds (``None``: no limit), and
+        ``UnknownRunError`` if there is no such run. A run that has already finished
+        answers at once.
+
+        No polling: the waiter LISTENs on the completion channel and marks the run
+        watched, so that its final transition NOTIFYs, and reads the run again when its
+        id is notified (and every ``RESULT_POLL_SECONDS`` without one, a safety net).
+        Each waiting call holds a connection of its own, for the LISTEN, until it returns.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.database.connect() as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel)))
+            while True:
+                run = drive(conn, watched_run(run_id))
+                if run is not None and run.state is RunState.SUCCEEDED:
+                    return run.result
+                left = None if deadline is None else deadline - time.monotonic()
+                with contextlib.closing(conn.notifies(timeout=_wait(run_id, run, left))) as news:
+                    for notify in news:
+                        if notify.payload == str(run_id):
+                            break
+
+    async def aresult(self, run_id: int, timeout: float | None = None) -> Any:
+        """Async form of ``result``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        async with await self.database.aconnect() as conn:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel)))
+            while True:
+                run = await adrive(conn, watched_run(run_id))
+                if run is not None and run.state is RunState.SUCCEEDED:
+                    return run.result
+                left = None if deadline is None else deadline - loop.time()
+                wait = _wait(run_id, run, left)
+                async with contextlib.aclosing(conn.notifies(timeout=wait)) as news:
+                    async for notify in news:
+                        if notify.payload == str(run_id):
+                            break
+
     # -- key policies -------------------------------------------------------------
 
     def set_key_policy(self, lane: str, key: str = "*", **fields: Any) -> dict[str, Any]:
@@ -639,6 +699,23 @@ def _wrong_connection(conn: object, wanted: str, other: str) -> str:
     return f"connection= must be a {wanted}, got {kind}" + (
         f" (use {other} or {other}_many for it)" if isinstance(conn, psycopg.BaseConnection) else ""
     )
+
+
+def _wait(run_id: int, run: Run | None, left: float | None) -> float:
+    """How long ``result`` waits for news of a run that has not succeeded: at most
+    ``RESULT_POLL_SECONDS``, and ``left`` (``None``: no deadline). Raise when no news can
+    bring a result: no such run, it ended without one, or no time is left."""
+    if run is None:
+        raise UnknownRunError(f"there is no run {run_id} (never made, or pruned)")
+    if run.state is RunState.DISCARDED:
+        raise RunFailed(
+            f"run {run_id} ended discarded (attempt {run.attempt} of {run.max_attempts})", run
+        )
+    if run.state is RunState.CANCELLED:
+        raise RunCancelled(f"run {run_id} was cancelled", run)
+    if left is not None and left <= 0:
+        raise ResultTimeout(f"run {run_id} has not finished: it is {run.state}", run)
+    return RESULT_POLL_SECONDS if left is None else min(left, RESULT_POLL_SECONDS)
 
 
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
