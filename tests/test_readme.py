@@ -1,4 +1,5 @@
-"""The README's library quick start works copied verbatim.
+"""The README's library quick start, and its examples of enqueueing in a transaction and
+waiting for a result, work copied verbatim.
 
 The test takes the quick start's code blocks out of README.md and runs them as a reader
 would, in an empty folder: it writes ``myapp.py`` from the Python block, then runs each
@@ -7,7 +8,8 @@ PATH (as in an activated virtualenv). A ``tidegate worker`` line keeps running, 
 would in a terminal, until every run has finished; then it gets SIGTERM (Ctrl+C).
 
 The database is the test's, through ``TIDEGATE_DATABASE_URL`` and ``TIDEGATE_SCHEMA``,
-migrated beforehand as the README tells users of their own PostgreSQL to do.
+migrated beforehand as the README tells users of their own PostgreSQL to do. The two
+examples run in the test's process, with its app and its database.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
 
 from tests.conftest import ROOT, wait_until
 from tidegate import Settings, Tidegate
@@ -28,10 +34,20 @@ from tidegate import Settings, Tidegate
 README = ROOT / "README.md"
 
 
+def section(title: str) -> str:
+    """Return the README's section ``## title``, up to the next one."""
+    return README.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def python_block(title: str) -> str:
+    """Return the one Python block of the README's section ``title``."""
+    [code] = re.findall(r"```python\n(.*?)```", section(title), re.DOTALL)
+    return code
+
+
 def quick_start() -> tuple[str, list[list[str]]]:
     """Return the quick start's Python file and its shell commands, as the README has them."""
-    section = README.read_text().split("\n## Library quick start\n", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```(\w+)\n(.*?)```", section, re.DOTALL)
+    blocks = re.findall(r"```(\w+)\n(.*?)```", section("Library quick start"), re.DOTALL)
     [python] = [code for language, code in blocks if language == "python"]
     [shell] = [code for language, code in blocks if language == "sh"]
     commands = [shlex.split(line, comments=True) for line in shell.splitlines()]
@@ -83,3 +99,28 @@ async def test_the_library_quick_start_runs_as_written(
         "myapp.send_email",
         "myapp.rebuild_index",
     }
+
+
+def test_the_transaction_and_result_examples_run_as_written(
+    app: Tidegate,
+    sql: psycopg.Connection,
+    database_url: str,
+    start_worker_process: Callable[..., Any],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The examples of "Enqueue in your own transaction" and "Wait for a result", with
+    the test's database for the shop's and the test app's ``echo`` for ``send_email``."""
+    sql.execute("CREATE TABLE orders (id int PRIMARY KEY, total int)")
+    shop = make_conninfo(database_url, options=f"-c search_path={app.settings.schema}")
+    transaction = python_block("Enqueue in your own transaction")
+    assert '"postgresql://localhost/shop"' in transaction
+    exec(
+        transaction.replace('"postgresql://localhost/shop"', repr(shop)),
+        {"app": app, "send_email": "echo"},
+    )
+    assert sql.execute("SELECT id, total FROM orders").fetchall() == [(42, 99)]
+    assert count(sql, "task = 'echo' AND args->>'subject' = 'order 42'") == 1
+
+    start_worker_process("manual>*:2")
+    exec(python_block("Wait for a result"), {"app": app, "send_email": "echo"})
+    assert capsys.readouterr().out == "{'to': 'a@example.com', 'subject': 'hi'}\n"

@@ -11,6 +11,8 @@
     app.migrate()
     run = app.enqueue(send_email, {"to": "a@example.com", "subject": "hi"})
     runs = app.enqueue_many([NewRun(send_email, {...}) for ...])   # one statement
+    app.enqueue(send_email, {...}, connection=conn)   # in the caller's transaction
+    app.result(run.id, timeout=60)                    # wait for the run's result
     app.run_worker("fast_lane:1 manual>*:4")
 
 Every operation has a sync form (``enqueue``) and an async one (``aenqueue``); both run
@@ -20,6 +22,7 @@ the same steps (``storage.sql.Steps``), only the connection differs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -33,11 +36,22 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
+import psycopg
+from psycopg import sql
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate import forward, policies, schedules
-from tidegate.errors import ConfigError, EnqueueError, InputError
+from tidegate.errors import (
+    ConfigError,
+    EnqueueError,
+    InputError,
+    ResultTimeout,
+    RunCancelled,
+    RunFailed,
+    UnknownRunError,
+)
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     ATTEMPTS,
@@ -56,18 +70,22 @@ from tidegate.runs import (
     list_runs,
     run_row,
     stored_run,
+    watched_run,
 )
 from tidegate.schedules import Declared
 from tidegate.settings import Settings
 from tidegate.storage.database import Database
 from tidegate.storage.migrate import migrate
-from tidegate.storage.sql import Statement, Steps, adrive, drive
+from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
 from tidegate.tracing import Span, span
 
 DEFAULT_LANE = "default"
 MAX_DELAY = timedelta(days=3650)
 WORKER_CHECK_SECONDS = 60.0
 """How often, at most, an enqueue looks whether a live worker has its task."""
+RESULT_POLL_SECONDS = 5.0
+"""How long ``result`` waits for its run's notification before it reads the run again
+anyway: a safety net only, since the run's end NOTIFYs the completion channel."""
 
 log = logging.getLogger("tidegate")
 
@@ -144,7 +162,8 @@ class Tidegate:
 
     @property
     def completed_channel(self) -> str:
-        """The NOTIFY channel of finished fast-lane runs; the payload is the run id."""
+        """The NOTIFY channel of finished fast-lane runs and watched runs; the payload is
+        the run id."""
         return f"{self.settings.schema}.completed"
 
     # -- tasks --------------------------------------------------------------------
@@ -278,27 +297,57 @@ class Tidegate:
 
     # -- enqueue ------------------------------------------------------------------
 
-    def enqueue(self, task: str | Task, args: dict[str, Any] | None = None, **options: Any) -> Run:
-        """Enqueue one run and return it (the original one for a repeated idempotency key)."""
-        return self.enqueue_many([NewRun(task, args, **options)])[0]
+    def enqueue(
+        self,
+        task: str | Task,
+        args: dict[str, Any] | None = None,
+        *,
+        connection: psycopg.Connection[Any] | None = None,
+        **options: Any,
+    ) -> Run:
+        """Enqueue one run and return it (the original one for a repeated idempotency key);
+        with ``connection``, in that connection's transaction (see ``enqueue_many``)."""
+        return self.enqueue_many([NewRun(task, args, **options)], connection=connection)[0]
 
-    def enqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
-        """Enqueue runs in one statement; return them in input order."""
+    def enqueue_many(
+        self, runs: Iterable[NewRun], *, connection: psycopg.Connection[Any] | None = None
+    ) -> list[Run]:
+        """Enqueue runs in one statement; return them in input order.
+
+        With ``connection``, a psycopg ``Connection`` of the application's own, the runs
+        are inserted in its transaction, which the caller commits or rolls back: they
+        become visible and wake the workers of their lanes when it commits, and vanish
+        if it rolls back. Its ``search_path`` is tidegate's only while the enqueue runs.
+        On a connection in autocommit mode outside a transaction block, the enqueue is a
+        transaction of its own, committed before it returns, as any statement there is.
+        """
         rows = [self.resolve(n) for n in runs]
         with _enqueue_span(rows):
-            return self.execute(self.insert_steps(rows))
+            if connection is None:
+                return self.execute(self.insert_steps(rows))
+            return self._execute_in(connection, self.insert_steps(rows))
 
     async def aenqueue(
-        self, task: str | Task, args: dict[str, Any] | None = None, **options: Any
+        self,
+        task: str | Task,
+        args: dict[str, Any] | None = None,
+        *,
+        connection: psycopg.AsyncConnection[Any] | None = None,
+        **options: Any,
     ) -> Run:
-        """Async form of ``enqueue``."""
-        return (await self.aenqueue_many([NewRun(task, args, **options)]))[0]
+        """Async form of ``enqueue``; ``connection`` is a psycopg ``AsyncConnection``."""
+        new = [NewRun(task, args, **options)]
+        return (await self.aenqueue_many(new, connection=connection))[0]
 
-    async def aenqueue_many(self, runs: Iterable[NewRun]) -> list[Run]:
-        """Async form of ``enqueue_many``."""
+    async def aenqueue_many(
+        self, runs: Iterable[NewRun], *, connection: psycopg.AsyncConnection[Any] | None = None
+    ) -> list[Run]:
+        """Async form of ``enqueue_many``; ``connection`` is a psycopg ``AsyncConnection``."""
         rows = [self.resolve(n) for n in runs]
         with _enqueue_span(rows):
-            return await self.aexecute(self.insert_steps(rows))
+            if connection is None:
+                return await self.aexecute(self.insert_steps(rows))
+            return await self._aexecute_in(connection, self.insert_steps(rows))
 
     def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         """The steps of ``enqueue_many``, for a caller that runs them on a connection of
@@ -469,6 +518,50 @@ class Tidegate:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
         return self.execute(cancel_run(run_id, completed_channel=self.completed_channel))
 
+    def result(self, run_id: int, timeout: float | None = None) -> Any:
+        """Wait until run ``run_id`` has finished, and return its result if it succeeded.
+
+        Raises ``RunFailed`` if it ended ``discarded``, ``RunCancelled`` if ``cancelled``
+        (each with ``.run`` and its ``.errors``), ``ResultTimeout`` (a ``TimeoutError``)
+        if it has not finished after ``timeout`` seconds (``None``: no limit), and
+        ``UnknownRunError`` if there is no such run. A run that has already finished
+        answers at once.
+
+        No polling: the waiter LISTENs on the completion channel and marks the run
+        watched, so that its final transition NOTIFYs, and reads the run again when its
+        id is notified (and every ``RESULT_POLL_SECONDS`` without one, a safety net).
+        Each waiting call holds a connection of its own, for the LISTEN, until it returns.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.database.connect() as conn:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel)))
+            while True:
+                run = drive(conn, watched_run(run_id))
+                if run is not None and run.state is RunState.SUCCEEDED:
+                    return run.result
+                left = None if deadline is None else deadline - time.monotonic()
+                with contextlib.closing(conn.notifies(timeout=_wait(run_id, run, left))) as news:
+                    for notify in news:
+                        if notify.payload == str(run_id):
+                            break
+
+    async def aresult(self, run_id: int, timeout: float | None = None) -> Any:
+        """Async form of ``result``."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        async with await self.database.aconnect() as conn:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel)))
+            while True:
+                run = await adrive(conn, watched_run(run_id))
+                if run is not None and run.state is RunState.SUCCEEDED:
+                    return run.result
+                left = None if deadline is None else deadline - loop.time()
+                wait = _wait(run_id, run, left)
+                async with contextlib.aclosing(conn.notifies(timeout=wait)) as news:
+                    async for notify in news:
+                        if notify.payload == str(run_id):
+                            break
+
     # -- key policies -------------------------------------------------------------
 
     def set_key_policy(self, lane: str, key: str = "*", **fields: Any) -> dict[str, Any]:
@@ -557,6 +650,28 @@ class Tidegate:
         async with self._async_pool[1].connection() as conn:
             return await adrive(conn, steps)
 
+    def _execute_in(self, conn: psycopg.Connection[Any], steps: Steps[T]) -> T:
+        """Run steps in the transaction of the application's connection ``conn``, in
+        tidegate's schema (``in_schema``); never commit or roll back for it, but begin
+        and commit a transaction where autocommit has none open."""
+        if not isinstance(conn, psycopg.Connection):
+            raise TypeError(_wrong_connection(conn, "psycopg.Connection", "aenqueue"))
+        steps = in_schema(self.settings.schema, steps)
+        if conn.autocommit and conn.info.transaction_status is TransactionStatus.IDLE:
+            with conn.transaction():
+                return drive(conn, steps)
+        return drive(conn, steps)
+
+    async def _aexecute_in(self, conn: psycopg.AsyncConnection[Any], steps: Steps[T]) -> T:
+        """Async form of ``_execute_in``."""
+        if not isinstance(conn, psycopg.AsyncConnection):
+            raise TypeError(_wrong_connection(conn, "psycopg.AsyncConnection", "enqueue"))
+        steps = in_schema(self.settings.schema, steps)
+        if conn.autocommit and conn.info.transaction_status is TransactionStatus.IDLE:
+            async with conn.transaction():
+                return await adrive(conn, steps)
+        return await adrive(conn, steps)
+
 
 def task_name(fn: Callable[..., Any]) -> str:
     """Return a handler's default task name: ``module.qualname``, however it was loaded.
@@ -576,6 +691,31 @@ def task_name(fn: Callable[..., Any]) -> str:
         elif path:
             module = Path(path).stem
     return f"{module}.{fn.__qualname__}"
+
+
+def _wrong_connection(conn: object, wanted: str, other: str) -> str:
+    """Say that ``conn`` is not the connection this form of enqueue takes."""
+    kind = type(conn).__name__
+    return f"connection= must be a {wanted}, got {kind}" + (
+        f" (use {other} or {other}_many for it)" if isinstance(conn, psycopg.BaseConnection) else ""
+    )
+
+
+def _wait(run_id: int, run: Run | None, left: float | None) -> float:
+    """How long ``result`` waits for news of a run that has not succeeded: at most
+    ``RESULT_POLL_SECONDS``, and ``left`` (``None``: no deadline). Raise when no news can
+    bring a result: no such run, it ended without one, or no time is left."""
+    if run is None:
+        raise UnknownRunError(f"there is no run {run_id} (never made, or pruned)")
+    if run.state is RunState.DISCARDED:
+        raise RunFailed(
+            f"run {run_id} ended discarded (attempt {run.attempt} of {run.max_attempts})", run
+        )
+    if run.state is RunState.CANCELLED:
+        raise RunCancelled(f"run {run_id} was cancelled", run)
+    if left is not None and left <= 0:
+        raise ResultTimeout(f"run {run_id} has not finished: it is {run.state}", run)
+    return RESULT_POLL_SECONDS if left is None else min(left, RESULT_POLL_SECONDS)
 
 
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:

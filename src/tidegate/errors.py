@@ -9,10 +9,17 @@ Every error tidegate raises derives from one base, so callers can catch them all
     │                        reached or refuses the login, the API's port is taken
     ├── InputError           a value is outside what tidegate can store or handle
     │   └── EnqueueError     an enqueue was malformed (args, lane, priority)
-    └── UnknownTaskError     a run names a task that is not registered
+    ├── UnknownTaskError     a run names a task that is not registered
+    ├── UnknownRunError      no run has the id (never made, or pruned)
+    └── ResultError          a run awaited with ``result`` gave no result (``.run``)
+        ├── RunFailed        it ended ``discarded``: its ``errors`` say why
+        ├── RunCancelled     it ended ``cancelled``
+        └── ResultTimeout    it had not finished within the timeout (a ``TimeoutError``)
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class TidegateError(Exception):
@@ -48,3 +55,34 @@ class InputError(TidegateError, ValueError):
 
 class EnqueueError(InputError):
     """An enqueue was malformed: args not a JSON object, a bad lane name or priority."""
+
+
+class UnknownRunError(TidegateError, LookupError):
+    """No run has the id: it was never made, or it finished long ago and was pruned."""
+
+
+class ResultError(TidegateError):
+    """A run awaited with ``Tidegate.result`` gave no result; ``run`` is the run as last
+    read (a ``tidegate.Run``: not named here, since runs.py imports this module),
+    ``errors`` its attempts' errors."""
+
+    def __init__(self, message: str, run: Any) -> None:
+        super().__init__(message)
+        self.run = run
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        errors: list[dict[str, Any]] = self.run.errors
+        return errors
+
+
+class RunFailed(ResultError):
+    """The run ended ``discarded``: its last attempt failed, or its handler discarded it."""
+
+
+class RunCancelled(ResultError):
+    """The run ended ``cancelled``: by its handler, the API, the dashboard or ``cancel``."""
+
+
+class ResultTimeout(ResultError, TimeoutError):
+    """The run had not finished within the timeout; it goes on, and can be awaited again."""

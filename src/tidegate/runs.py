@@ -209,6 +209,17 @@ def get_run(run_id: int) -> Steps[Run | None]:
     return rows[0] if rows else None
 
 
+def watched_run(run_id: int) -> Steps[Run | None]:
+    """Read one run, marked watched first if it has not finished, so that its final
+    transition NOTIFYs its id on the completion channel (storage/queries/watch_run.sql).
+
+    For a waiter that LISTENs on that channel before it runs these steps: the run then
+    either has finished when it is read, or will be notified.
+    """
+    yield Statement("watch_run", {"id": run_id})
+    return (yield from get_run(run_id))
+
+
 def list_runs(
     *,
     project: str | None = None,

@@ -41,6 +41,16 @@ of any operation for asyncio.
 """
 
 
+def in_schema(schema: str, steps: Steps[T]) -> Steps[T]:
+    """``steps`` on a connection that is not tidegate's (the application's own, in its
+    transaction): tidegate's schema is the transaction's ``search_path`` while they run,
+    and the connection's own is put back after, for the statements that follow them."""
+    [(search_path, _)] = yield Statement("enter_schema", {"schema": schema})
+    result = yield from steps
+    yield Statement("restore_search_path", {"search_path": search_path})
+    return result
+
+
 def drive(conn: psycopg.Connection, steps: Steps[T]) -> T:
     """Run ``steps`` on a sync connection."""
     try:
