@@ -161,6 +161,11 @@ class WorkerProcess:
         self.kill()  # a no-op after a clean stop()
 
 
+def progress(line: str) -> None:
+    """Tell the person running a benchmark how far it has got (stderr, at once)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
 

@@ -97,6 +97,7 @@ from bench.harness import (
     close_record,
     new_record,
     percentiles,
+    progress,
     publish,
     python_module,
     redact,
@@ -660,10 +661,6 @@ def render(result: dict[str, Any]) -> str:
         "empty table's: " + ("met." if not missed else "not met by " + "; ".join(missed) + "."),
     ]
     return "\n".join(lines) + "\n"
-
-
-def progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -49,6 +49,7 @@ from bench.harness import (
     drain_parser,
     fresh_schema,
     new_record,
+    progress,
     publish,
     python_module,
     redact,
@@ -260,13 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         runs=runs,
         ingest={"requests": ingest.ingest_requests, "clients": ingest.ingest_clients},
     )
-    samples = run_benchmark(
-        url, runs, repeat, ingest, lambda line: print(line, file=sys.stderr, flush=True)
-    )
+    samples = run_benchmark(url, runs, repeat, ingest, progress)
     result["samples"] = samples
     result["summary"] = summarize(samples)
     result["verified"] = all(f["verified"] for found in samples.values() for f in found)
-    close_record(result, started, lambda line: print(line, file=sys.stderr))
+    close_record(result, started, progress)
     label = f"scale-postgres{result['server']['major']}{'-embedded' if embedded else ''}"
     publish(result, render(result), label, smoke=args.smoke, write_docs=args.write_docs)
     return 0 if result["verified"] else 1

@@ -75,6 +75,7 @@ from bench.harness import (
     new_record,
     paced,
     percentiles,
+    progress,
     publish,
     python_module,
     redact,
@@ -454,10 +455,6 @@ def render(result: dict[str, Any]) -> str:
             f"(>= 1) | {'yes' if f['holds'] else '**no**'} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
