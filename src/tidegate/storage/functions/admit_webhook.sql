@@ -28,7 +28,7 @@
 --                 pending) are at its backlog cap, counted up to the cap
 --                 (unstarted_runs_of_key).
 --   admitted      run and request inserted, the lane notified. The run is stamped
---                 with its key's next step on the lane's clock (key_clock + 1/weight),
+--                 with its key's next step on the lane's clock (next_vtime),
 --                 as an enqueued one is (insert_run.sql).
 -- Retry-After (retry_after): over the cap, how long the project's recent fast-lane runs
 -- took; without capacity, how long recent fast-lane runs took (a slot frees about as
@@ -207,7 +207,7 @@ BEGIN
     END IF;
     INSERT INTO runs (project, lane, key, task, args, max_attempts, vtime)
     VALUES (p_project, p_lane, p_key, p_task, p_args, p_max_attempts,
-            key_clock(p_lane, p_key) + 1 / key_weight(p_lane, p_key))
+            next_vtime(p_lane, p_key))
     RETURNING id INTO new_run;
     INSERT INTO requests (project, trigger_id, run_id, idempotency_key, content_type, headers, body)
     VALUES (p_project, p_trigger_id, new_run, p_idempotency_key, p_content_type, p_headers, p_body)

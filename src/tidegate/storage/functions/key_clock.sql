@@ -1,7 +1,7 @@
 -- Where a key's next run goes on its lane's virtual clock (start-time fair queuing):
 -- after the key's newest ready run, and never before the lane's clock, which is its
 -- frontier (lane_frontier), or the vtime at the head of its ready runs when that is
--- further on. A run is stamped key_clock + 1/weight at enqueue (insert_run.sql,
+-- further on. A run is stamped key_clock + 1/weight at enqueue (next_vtime,
 -- insert_runs.sql: a batch of one key takes consecutive steps), and again when a delayed
 -- or retried run comes due (stage_runs.sql, retry_run.sql). A hot key's backlog spreads
 -- far into the virtual future while a cold key's next run lands at the clock, next in

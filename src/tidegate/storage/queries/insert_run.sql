@@ -1,6 +1,6 @@
 -- Insert one run: insert_runs.sql for a batch of one, without the batch machinery (the
 -- JSON parse, the per-key join, the window, the sorts), which cost more than the insert
--- itself for a single run. Same clock (the key's next step: key_clock + 1/weight), same
+-- itself for a single run. Same clock (the key's next step: next_vtime), same
 -- idempotency rule (ON CONFLICT, only for a run with a key: the caller reads the
 -- original with find_runs_by_key), same NOTIFY when the run is ready. One of the two
 -- inserts makes a row, the other's one-time filter stops it before its clock is read.
@@ -16,14 +16,14 @@ WITH run AS (
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, state, vtime)
-    SELECT *, key_clock(lane, key) + 1 / key_weight(lane, key) FROM run
+    SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NULL
     RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, state, vtime)
-    SELECT *, key_clock(lane, key) + 1 / key_weight(lane, key) FROM run
+    SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NOT NULL
     ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
