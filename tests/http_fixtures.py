@@ -58,6 +58,10 @@ def listeners(database_url: str, schema: str) -> int:
     return int(row[0]) if row else 0
 
 
+class ServerExited(RuntimeError):
+    """The server process ended before it was ready."""
+
+
 @dataclass
 class ApiServer:
     """One ``tidegate serve --role api`` process tree, listening on ``url``."""
@@ -73,7 +77,27 @@ class ApiServer:
         """Start the server and return once every API process answers and listens; with
         ``log``, what it writes (its log) goes to that file."""
         assert settings.database_url, "the server needs a database URL"
-        port = free_port()
+        # free_port() only finds a port free now: another test process may take it before
+        # the server binds it ("address already in use"), so a server that exits at
+        # start is tried again on another port, twice at most.
+        for attempt in range(3):
+            try:
+                return cls._start_on(free_port(), settings, processes, log, overrides)
+            except ServerExited:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_on(
+        cls,
+        port: int,
+        settings: Settings,
+        processes: int,
+        log: Path | None,
+        overrides: dict[str, Any],
+    ) -> ApiServer:
+        assert settings.database_url
         env = {
             **os.environ,
             "TIDEGATE_DATABASE_URL": settings.database_url,
@@ -121,7 +145,7 @@ class ApiServer:
         deadline = time.monotonic() + START_SECONDS
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"tidegate serve exited with {self.process.returncode}")
+                raise ServerExited(f"tidegate serve exited with {self.process.returncode}")
             try:
                 ready = serving(httpx.get(self.url + "/readyz", timeout=2))
             except httpx.TransportError:
