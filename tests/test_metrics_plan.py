@@ -71,9 +71,13 @@ def test_a_scrape_reads_indexes_and_a_bounded_number_of_runs(
         if node.get("Relation Name") == "runs"
     }
     assert scans and not any(kind == "Seq Scan" for kind, _ in scans), scans
-    assert {"runs_waiting", "runs_running", "runs_fast_lane_inflight", "runs_claim_any"} <= {
-        i for _, i in scans
-    }
+    assert {
+        "runs_claim_lane",
+        "runs_due",
+        "runs_pending",
+        "runs_running",
+        "runs_fast_lane_inflight",
+    } <= {i for _, i in scans}
     # Counted: at most the cap per lane and state, the budget in all; the keys' scan and
     # their waiting runs; the probes besides.
     keys = KEY_SCAN + settings.metrics_max_keys * WAITING_CAP

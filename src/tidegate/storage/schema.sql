@@ -73,19 +73,16 @@ CREATE TABLE runs (
     CONSTRAINT runs_max_attempts_positive CHECK (max_attempts >= 1)
 );
 
--- The claim of a named lane (one ordered probe per lane in the chain), and the lane's
--- floor, its first entry (key_clock).
+-- A ready run is in three indexes, and no more: runs_pkey, runs_claim_lane and
+-- runs_key_ready. Every other index holds runs in other states, and is written by the
+-- transition into them (docs/architecture.md, "Storage").
+--
+-- The claim: one ordered probe per lane of the chain, `*` included (its lanes found by a
+-- skip scan of this index, functions/ready_lanes.sql); the lane's floor, its first entry
+-- (key_clock); the metrics' ready runs per lane (lane_figures). No index across lanes:
+-- every entry would land in one shared order, where runs of lanes whose ranks interleave
+-- write to another leaf each (a burst of full-page images after each checkpoint).
 CREATE INDEX runs_claim_lane ON runs (lane, rank, id) WHERE state = 'available';
-
--- The claim of `*` (every lane not named before it): one ordered probe across lanes.
--- `priority >= 0` holds for every run (runs_priority_range); it is in the predicate so
--- that only a statement that says it can use this index: the probes across lanes (the
--- claims' `*`, the parker's, the dashboard's keys next in line) say it, a probe of one
--- lane never does. Statistics taken while no run was ready (a quiet system's table of
--- finished runs over several lanes) make every index of ready runs look empty, and a
--- probe of an empty named lane then took this smaller index and filtered it: 50,000
--- rows read per claim for none found, behind a backlog in another lane.
-CREATE INDEX runs_claim_any ON runs (rank, id) WHERE state = 'available' AND priority >= 0;
 
 -- A key's newest ready run: where its next run's virtual time starts (key_clock), and
 -- the backlog cap's count of a key's ready runs (unstarted_runs_of_key).
@@ -125,14 +122,6 @@ CREATE INDEX runs_fast_lane_inflight ON runs (project)
 CREATE INDEX runs_fast_lane_finished ON runs (project, completed_at)
     WHERE lane = 'fast_lane' AND state IN ('succeeded', 'discarded', 'cancelled');
 
--- The waiting runs of each lane, by state, oldest due first, for GET /metrics
--- (lane_figures): the lanes (a skip scan), a count per (lane, state) that stops at a
--- cap, and the oldest ready run of a lane, each a few probes. Running runs are not in
--- it: runs_running has their lanes already, and a claim (available -> running) then
--- writes no entry here; enqueue, staging and retries write one.
-CREATE INDEX runs_waiting ON runs (lane, state, scheduled_at)
-    WHERE state IN ('scheduled', 'available', 'pending');
-
 -- The dashboard's run list (list_runs_page.sql), newest first, 50 at a time. Measured
 -- at 1,000,000 runs (bench/run_list.py, docs/dashboard.md): with no filter, or a filter
 -- that many runs match, a backward scan of the primary key finds a page in a few
@@ -142,16 +131,17 @@ CREATE INDEX runs_waiting ON runs (lane, state, scheduled_at)
 -- indexes serve them with a state filter, and an index each would cost every enqueue
 -- for searches an operator makes now and then.
 --
--- A project's runs: every list a project's session shows is filtered by its project,
--- and a small project among large ones was a full scan (164 ms for 20 runs in a
--- million). Without the runs in flight: an update that changes `state` (in the
--- predicates of the partial indexes) is never HOT, so it writes an entry in every index
--- whose predicate the new row meets, and with them this index took one at each of a
--- run's writes, its claim among them, the statement a drain waits on (a claim of 32
--- runs wrote 96 index entries beside its heap rows, 64 without). Runs in flight are at
--- most the workers' slots: the run lists read a project's from runs_running
--- (list_runs.sql, list_runs_page.sql).
-CREATE INDEX runs_project ON runs (project, id) WHERE state <> 'running';
+-- A project's runs at rest (scheduled, pending, finished): every list a project's
+-- session shows is filtered by its project, and a small project among large ones was a
+-- full scan (164 ms for 20 runs in a million). Not the ready runs nor those in flight:
+-- an update that changes `state` (in the predicates of the partial indexes) is never
+-- HOT, so it writes an entry in every index whose predicate the new row meets, and with
+-- them this index took an entry at enqueue and at the claim, the two statements the
+-- throughput is made of. Runs in flight are at most the workers' slots (the run lists
+-- read a project's from runs_running); ready runs are read through the claim's indexes,
+-- a scan of the ready runs for a project's list (list_runs.sql, list_runs_page.sql):
+-- measured in docs/dashboard.md.
+CREATE INDEX runs_project ON runs (project, id) WHERE state NOT IN ('available', 'running');
 
 -- Failed and cancelled runs, what the list is most often filtered for: when all is well
 -- there are few, and `state = 'discarded'` was a full scan (79 ms for none). An entry
@@ -159,9 +149,9 @@ CREATE INDEX runs_project ON runs (project, id) WHERE state <> 'running';
 CREATE INDEX runs_failed ON runs (id) WHERE state IN ('discarded', 'cancelled');
 
 -- Where the table holds one lane, ANALYZE finds one distinct value and the planner
--- expects `lane = $1` to match every row: the probe of a named lane then takes
--- runs_claim_any and filters it, reading the whole backlog to find an empty lane empty.
--- A fixed estimate of many lanes keeps the probe on runs_claim_lane.
+-- expects `lane = $1` to match every row: the probe of an empty named lane is costed as
+-- a read of the whole backlog (it once took an index across lanes instead, and filtered
+-- it). A fixed estimate of many lanes keeps each lane's probe costed as one lane's.
 ALTER TABLE runs ALTER COLUMN lane SET (n_distinct = 100);
 
 -- How runs spread over (lane, state) together. Without it the planner multiplies the two

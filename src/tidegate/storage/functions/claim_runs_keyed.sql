@@ -3,8 +3,8 @@
 -- project's concurrency is set, or a breaker is forced open (claim_runs.sql calls it
 -- then, and takes runs in one set-based statement otherwise).
 --
--- Sources in chain order: each named lane, then (with `*`) every other lane; each is one
--- ordered scan of its index (runs_claim_lane for a named lane, runs_claim_any for `*`),
+-- Sources in chain order: each named lane, then (with `*`) every other lane with a ready
+-- run, lowest head first (ready_lanes); each is one ordered scan of runs_claim_lane,
 -- in (rank, id) order, locking rows as it reads them (SKIP LOCKED: claimers pass each
 -- other). Each source is read in two phases: the head of the order, where keys that were
 -- at their limits wait (p_head_scan rows), then on from the lane's frontier
@@ -69,7 +69,9 @@ CREATE OR REPLACE FUNCTION claim_runs_keyed(
 SET jit = off
 LANGUAGE plpgsql AS $$
 DECLARE
-    sources integer := cardinality(p_lanes) + p_wildcard::integer;
+    chain text[] := p_lanes || CASE WHEN p_wildcard
+                                    THEN ARRAY(SELECT lane FROM ready_lanes(p_lanes))
+                                    ELSE '{}' END;
     source integer;
     phase integer;
     head_scanned integer;
@@ -112,7 +114,7 @@ DECLARE
         SELECT 1 FROM key_breakers WHERE forced = 'open' OR (forced IS NULL AND state = 'open'));
     any_concurrency boolean := EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL);
 BEGIN
-    FOR source IN 1 .. sources LOOP
+    FOR source IN 1 .. cardinality(chain) LOOP
         -- Phase 1 reads the head of the order, where keys that were at their limits
         -- wait; phase 2 goes on from the lane's frontier, past whatever gated backlog
         -- the head holds, so a capped key's runs never hold up the keys behind them.
@@ -121,40 +123,18 @@ BEGIN
                 head_scanned := 0;
             ELSE
                 EXIT WHEN head_scanned < p_head_scan OR cardinality(picked) >= p_demand;
-                IF source <= cardinality(p_lanes) THEN
-                    frontier := lane_frontier(p_lanes[source]);
-                ELSE
-                    SELECT min(lane_frontier(lane)) INTO frontier
-                    FROM (SELECT DISTINCT lane FROM runs WHERE state = 'running') AS busy
-                    WHERE lane <> ALL(p_lanes);
-                END IF;
+                frontier := lane_frontier(chain[source]);
             END IF;
-            IF source <= cardinality(p_lanes) AND phase = 1 THEN
+            IF phase = 1 THEN
                 OPEN candidates FOR
                     SELECT id, lane, key, project, task, rank FROM runs
-                    WHERE lane = p_lanes[source] AND state = 'available'
-                    ORDER BY rank, id
-                    FOR UPDATE SKIP LOCKED;
-            ELSIF source <= cardinality(p_lanes) THEN
-                OPEN candidates FOR
-                    SELECT id, lane, key, project, task, rank FROM runs
-                    WHERE lane = p_lanes[source] AND state = 'available'
-                      AND (rank, id) > (last_rank, last_id)
-                      AND rank >= coalesce(frontier, '-infinity')
-                    ORDER BY rank, id
-                    FOR UPDATE SKIP LOCKED;
-            ELSIF phase = 1 THEN
-                OPEN candidates FOR
-                    SELECT id, lane, key, project, task, rank FROM runs
-                    WHERE lane <> ALL(p_lanes) AND state = 'available'
-                      AND priority >= 0  -- runs_claim_any's mark
+                    WHERE lane = chain[source] AND state = 'available'
                     ORDER BY rank, id
                     FOR UPDATE SKIP LOCKED;
             ELSE
                 OPEN candidates FOR
                     SELECT id, lane, key, project, task, rank FROM runs
-                    WHERE lane <> ALL(p_lanes) AND state = 'available'
-                      AND priority >= 0  -- runs_claim_any's mark
+                    WHERE lane = chain[source] AND state = 'available'
                       AND (rank, id) > (last_rank, last_id)
                       AND rank >= coalesce(frontier, '-infinity')
                     ORDER BY rank, id

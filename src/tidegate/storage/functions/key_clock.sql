@@ -13,7 +13,7 @@
 -- index gives, and sorting is ruled out (SET enable_sort = off) so that index is the only
 -- plan: with statistics taken while no run was ready (a quiet system ANALYZEd while its
 -- runs were all finished), the planner expects none, every index on ready runs looks as
--- cheap, and past some backlog it would take runs_waiting or runs_claim_lane, filter the
+-- cheap, and past some backlog it would take another index of ready runs, filter the
 -- key out of every ready run of the lane and sort the rest. Every enqueue, staging, retry
 -- and webhook admission would then read the backlog once per key (measured: 16 ms per key
 -- at 50,000 ready runs; a batch of 1,000 runs over 20 keys went from 80 to 440 ms as

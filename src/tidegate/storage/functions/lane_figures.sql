@@ -1,15 +1,19 @@
 -- Each lane's runs in the waiting and running states, and how long its oldest ready run
 -- has been due: what GET /metrics reads at scrape time (read_lanes.sql), at a cost that
--- does not grow with the table or the backlog.
+-- does not grow with the table or the backlog. No index exists for it: each figure is
+-- read from an index a run is in anyway (docs/metrics.md, "What a scrape costs").
 --
--- Lanes: the built-in ones, and those with active runs, found by a skip scan (one probe
--- of runs_waiting or runs_running per lane, never a read of their runs), at most
--- p_max_lanes in name order. Depths: a lane's runs in a state are counted from that
--- state's partial index up to p_count_cap, and up to p_count_budget over the whole call;
--- a count that reaches its limit is replaced by the planner's estimate (estimate_runs),
--- never lower than what was counted. Lag: the oldest scheduled_at of the lane's ready
--- runs, the first entry of runs_waiting. The states are literals in each count, so that
--- every plan, generic ones too, can use the partial indexes.
+-- Lanes: the built-in ones, those with a ready run (ready_lanes: a skip scan of
+-- runs_claim_lane), with a run in flight (a skip scan of runs_running), and those of the
+-- scheduled and pending runs counted below, at most p_max_lanes in name order.
+-- Depths: a lane's ready runs are counted from runs_claim_lane and its runs in flight
+-- from runs_running, up to p_count_cap each and p_count_budget over the whole call;
+-- scheduled and pending runs from runs_due and runs_pending, which hold every lane's,
+-- up to p_count_cap each over all lanes. A count that reaches its limit is replaced by
+-- the planner's estimate (estimate_runs), never lower than what was counted. Lag: the
+-- oldest scheduled_at of the lane's ready runs counted: exact while they are under the
+-- cap, the oldest of those counted past it. The states are literals in each count, so
+-- that every plan, generic ones too, can use the partial indexes.
 CREATE OR REPLACE FUNCTION lane_figures(p_max_lanes integer, p_count_cap integer, p_count_budget integer)
 RETURNS TABLE (
     lane text,
@@ -27,19 +31,31 @@ LANGUAGE plpgsql AS $$
 DECLARE
     budget bigint := p_count_budget;
     limited bigint;
+    -- Scheduled and pending runs of every lane, counted once for all lanes.
+    due jsonb;
+    parked jsonb;
+    due_counted bigint;
+    parked_counted bigint;
 BEGIN
+    SELECT coalesce(jsonb_object_agg(counted.lane, counted.n), '{}'), coalesce(sum(counted.n), 0)
+    INTO due, due_counted
+    FROM (
+        SELECT waiting.lane, count(*) AS n FROM (
+            SELECT runs.lane FROM runs WHERE runs.state = 'scheduled'
+            ORDER BY runs.scheduled_at LIMIT p_count_cap
+        ) AS waiting GROUP BY waiting.lane
+    ) AS counted;
+    SELECT coalesce(jsonb_object_agg(counted.lane, counted.n), '{}'), coalesce(sum(counted.n), 0)
+    INTO parked, parked_counted
+    FROM (
+        SELECT waiting.lane, count(*) AS n FROM (
+            SELECT runs.lane FROM runs WHERE runs.state = 'pending'
+            ORDER BY runs.task LIMIT p_count_cap
+        ) AS waiting GROUP BY waiting.lane
+    ) AS counted;
+    budget := budget - due_counted - parked_counted;
     FOR lane IN
-        WITH RECURSIVE waiting (lane, n) AS (
-            SELECT min(runs.lane), 1 FROM runs
-            WHERE runs.state IN ('scheduled', 'available', 'pending')
-            UNION ALL
-            SELECT (SELECT min(runs.lane) FROM runs
-                    WHERE runs.state IN ('scheduled', 'available', 'pending')
-                      AND runs.lane > waiting.lane),
-                   waiting.n + 1
-            FROM waiting WHERE waiting.lane IS NOT NULL AND waiting.n < p_max_lanes
-        ),
-        in_flight (lane, n) AS (
+        WITH RECURSIVE in_flight (lane, n) AS (
             SELECT min(runs.lane), 1 FROM runs WHERE runs.state = 'running'
             UNION ALL
             SELECT (SELECT min(runs.lane) FROM runs
@@ -48,42 +64,36 @@ BEGIN
             FROM in_flight WHERE in_flight.lane IS NOT NULL AND in_flight.n < p_max_lanes
         )
         SELECT found.lane FROM (
-            SELECT waiting.lane FROM waiting
+            SELECT ready.lane FROM ready_lanes('{}') AS ready
             UNION SELECT in_flight.lane FROM in_flight
+            UNION SELECT jsonb_object_keys(due)
+            UNION SELECT jsonb_object_keys(parked)
             UNION SELECT unnest(ARRAY['fast_lane', 'manual', 'default'])
         ) AS found
         WHERE found.lane IS NOT NULL
         ORDER BY found.lane
         LIMIT p_max_lanes
     LOOP
-        limited := greatest(least(p_count_cap, budget), 1);
-        SELECT count(*) INTO scheduled FROM (
-            SELECT FROM runs WHERE runs.lane = lane_figures.lane AND runs.state = 'scheduled'
-            LIMIT limited
-        ) AS counted;
-        budget := budget - scheduled;
-        IF scheduled >= limited THEN
+        scheduled := coalesce((due ->> lane)::bigint, 0);
+        IF due_counted >= p_count_cap THEN
             scheduled := greatest(scheduled, estimate_runs(lane, 'scheduled'));
+        END IF;
+        pending := coalesce((parked ->> lane)::bigint, 0);
+        IF parked_counted >= p_count_cap THEN
+            pending := greatest(pending, estimate_runs(lane, 'pending'));
         END IF;
 
         limited := greatest(least(p_count_cap, budget), 1);
-        SELECT count(*) INTO available FROM (
-            SELECT FROM runs WHERE runs.lane = lane_figures.lane AND runs.state = 'available'
+        SELECT count(*), coalesce(greatest(0, extract(epoch FROM now() - min(counted.scheduled_at))), 0)
+        INTO available, lag_seconds
+        FROM (
+            SELECT runs.scheduled_at FROM runs
+            WHERE runs.lane = lane_figures.lane AND runs.state = 'available'
             LIMIT limited
         ) AS counted;
         budget := budget - available;
         IF available >= limited THEN
             available := greatest(available, estimate_runs(lane, 'available'));
-        END IF;
-
-        limited := greatest(least(p_count_cap, budget), 1);
-        SELECT count(*) INTO pending FROM (
-            SELECT FROM runs WHERE runs.lane = lane_figures.lane AND runs.state = 'pending'
-            LIMIT limited
-        ) AS counted;
-        budget := budget - pending;
-        IF pending >= limited THEN
-            pending := greatest(pending, estimate_runs(lane, 'pending'));
         END IF;
 
         limited := greatest(least(p_count_cap, budget), 1);
@@ -95,10 +105,6 @@ BEGIN
         IF running >= limited THEN
             running := greatest(running, estimate_runs(lane, 'running'));
         END IF;
-
-        SELECT coalesce(greatest(0, extract(epoch FROM now() - min(runs.scheduled_at))), 0)
-        INTO lag_seconds
-        FROM runs WHERE runs.lane = lane_figures.lane AND runs.state = 'available';
         RETURN NEXT;
     END LOOP;
 END

@@ -5,11 +5,11 @@
 -- The ready runs are walked through runs_key_ready (lane, key, vtime) in clock order,
 -- with sorting ruled out (SET enable_sort = off), so that index is the only plan. With
 -- statistics that saw no ready run (taken on a quiet system), every index on ready runs
--- looks alike and the count would take runs_waiting, filtering the key and the project
--- out of every ready run of the lane (measured: 23 ms per webhook at 50,000 ready runs,
+-- looks alike and the count would take another of them, filtering the key and the
+-- project out of every ready run of the lane (measured: 23 ms per webhook at 50,000 ready runs,
 -- on every admission of a project with a backlog cap, growing with the backlog; the same
--- trap as key_clock's probe). Pending runs are few (they wait for a worker that has their task): read
--- through runs_waiting, only while the ready ones are under the cap.
+-- trap as key_clock's probe). Pending runs are few (they wait for a worker that has
+-- their task): read through runs_pending, only while the ready ones are under the cap.
 CREATE OR REPLACE FUNCTION unstarted_runs_of_key(p_lane text, p_key text, p_project text, p_cap integer)
 RETURNS integer
 LANGUAGE plpgsql STABLE

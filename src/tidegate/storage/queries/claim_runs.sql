@@ -4,12 +4,13 @@
 -- limits: whether any key policy or project concurrency is set, or a breaker is forced
 --   open. Where none is, the claim is this one set-based statement (prepared by psycopg
 --   after a few executions: planned once per connection):
---   named: the lanes the chain names, in chain order, one ordered probe of
---     runs_claim_lane per lane. The nested loop over the chain (WITH ORDINALITY keeps its
---     order) asks the next lane only when the lanes before it ran short, and the LIMIT
---     stops probing, and locking, at demand.
---   rest: only with `*` (last in the chain): every lane the chain does not name, in the
---     same order, through runs_claim_any, for whatever demand the named lanes left.
+--   chain: the lanes the chain names, in chain order, then, only with `*` (last in the
+--     chain), every other lane with a ready run, lowest head first (ready_lanes: a skip
+--     scan, one index descent per lane).
+--   probe: one ordered probe of runs_claim_lane per lane of the chain. The nested loop
+--     over the chain asks the next lane only when the lanes before it ran short, and the
+--     LIMIT stops probing, and locking, at demand: runs across the lanes of `*`
+--     interleave by rank a claim at a time, as their heads move.
 --   Each probe reads its lane's head lazily: where every run is this worker's, it reads
 --     exactly the runs it takes. Runs of other tasks are passed over, at most
 --     %(scan_limit)s rows per probe (the inner LIMIT), so a backlog of a task this worker
@@ -26,9 +27,15 @@ WITH limits AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL)
         OR EXISTS (SELECT 1 FROM key_breakers WHERE forced = 'open') AS apply
 ),
-named AS (
+chain AS (  -- in order: an Append reads its parts in turn, each in its order
+    SELECT named.lane FROM unnest(%(lanes)s::text[]) AS named(lane)
+    UNION ALL
+    SELECT other.lane FROM ready_lanes(%(lanes)s::text[]) AS other
+    WHERE %(wildcard)s::boolean AND NOT (SELECT apply FROM limits)
+),
+picked AS (
     SELECT probe.id
-    FROM unnest(%(lanes)s::text[]) WITH ORDINALITY AS chain(lane, position)
+    FROM chain
     CROSS JOIN LATERAL (
         SELECT head.id FROM (
             SELECT runs.id, runs.task FROM runs
@@ -43,21 +50,6 @@ named AS (
     WHERE NOT (SELECT apply FROM limits)
     LIMIT %(demand)s
 ),
-rest AS (
-    SELECT head.id FROM (
-        SELECT runs.id, runs.task FROM runs
-        WHERE %(wildcard)s::boolean
-          AND NOT (SELECT apply FROM limits)
-          AND runs.state = 'available'
-          AND runs.lane <> ALL(%(lanes)s::text[])
-          AND runs.priority >= 0  -- runs_claim_any's mark
-        ORDER BY runs.rank, runs.id
-        LIMIT %(scan_limit)s
-        FOR UPDATE SKIP LOCKED
-    ) AS head
-    WHERE head.task = ANY(%(tasks)s::text[])
-    LIMIT %(demand)s - (SELECT count(*) FROM named)
-),
 claimed AS (
     UPDATE runs
     SET state = 'running',
@@ -68,7 +60,7 @@ claimed AS (
         -- The time of the write: a claim that waited for a lock still gets a whole lease.
         lease_expires_at = clock_timestamp() + make_interval(secs => %(lease_seconds)s::float8),
         probe = false
-    WHERE id = ANY(ARRAY(SELECT id FROM named UNION ALL SELECT id FROM rest))
+    WHERE id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING *
 )
 SELECT * FROM claimed

@@ -1,14 +1,15 @@
 -- Newest first; every filter is optional (NULL matches all). Runs in flight come from
--- runs_running (at most the workers' slots), the others through the index their filter
--- needs (runs_project holds no run in flight: see schema.sql); each part is read only
--- where the state filter lets it have rows.
+-- runs_running (at most the workers' slots), ready runs from the claim's indexes, the
+-- others through the index their filter needs (runs_project holds neither: see
+-- schema.sql); each part is read only where the state filter lets it have rows.
 SELECT * FROM (
     (SELECT * FROM runs
      WHERE (%(project)s::text IS NULL OR project = %(project)s)
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
        AND (%(task)s::text IS NULL OR task = %(task)s)
-       AND state <> 'running' AND %(state)s::run_state IS DISTINCT FROM 'running'
+       AND state NOT IN ('available', 'running')
+       AND coalesce(%(state)s::run_state NOT IN ('available', 'running'), true)
      ORDER BY id DESC
      LIMIT %(limit)s)
     UNION ALL
@@ -17,6 +18,14 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
        AND state = 'running' AND coalesce(%(state)s::run_state = 'running', true)
+     ORDER BY id DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM runs
+     WHERE (%(project)s::text IS NULL OR project = %(project)s)
+       AND (%(lane)s::text IS NULL OR lane = %(lane)s)
+       AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND state = 'available' AND coalesce(%(state)s::run_state = 'available', true)
      ORDER BY id DESC
      LIMIT %(limit)s)
 ) AS found

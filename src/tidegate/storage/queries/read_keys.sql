@@ -6,8 +6,8 @@
 --
 -- Which keys, so the cost never follows the number of keys (a million tenants) or of
 -- runs: those with runs in flight (runs_running: a few per worker slot), those of the
--- first %(scan_limit)s ready runs in claim order (runs_claim_any: the keys next in
--- line), and, for the super admin, those with a policy of their own (at most
+-- ready runs at the head of each lane (runs_claim_lane, %(scan_limit)s in all, shared
+-- evenly by the lanes with a ready run: the keys next in line), and, for the super admin, those with a policy of their own (at most
 -- %(limit)s). Of those, the lanes' defaults and then the busiest (most in flight, then
 -- most runs next in line) are kept, %(limit)s in all, and only they have their waiting
 -- runs counted (runs_key_ready, up to %(waiting_cap)s each). A key deep in a backlog
@@ -25,12 +25,17 @@ WITH running AS (
     FROM runs WHERE state = 'running'
     GROUP BY lane, key
 ),
+lanes AS MATERIALIZED (
+    SELECT lane FROM ready_lanes('{}')
+),
 head AS (
-    SELECT ready.lane, ready.key, count(*) AS next_in_line FROM (
-        SELECT lane, key, project FROM runs
-        WHERE state = 'available' AND priority >= 0  -- runs_claim_any's mark
-        ORDER BY rank, id
-        LIMIT %(scan_limit)s::integer
+    SELECT ready.lane, ready.key, count(*) AS next_in_line
+    FROM lanes
+    CROSS JOIN LATERAL (
+        SELECT runs.lane, runs.key, runs.project FROM runs
+        WHERE runs.lane = lanes.lane AND runs.state = 'available'
+        ORDER BY runs.rank, runs.id
+        LIMIT ceil(%(scan_limit)s::integer / (SELECT count(*) FROM lanes)::float8)::integer
     ) AS ready
     WHERE %(project)s::text IS NULL OR ready.project = %(project)s
     GROUP BY ready.lane, ready.key
