@@ -30,6 +30,11 @@ def test_enqueue_with_delay_or_run_at_is_scheduled(app: Tidegate) -> None:
     assert later.state is RunState.SCHEDULED
     at = datetime.now(UTC) + timedelta(hours=1)
     assert app.enqueue("echo", run_at=at).scheduled_at == at
+    past = datetime.now(UTC) - timedelta(minutes=1)
+    assert app.enqueue("echo", run_at=past).state is RunState.AVAILABLE
+    # A naive time would be read in the session's time zone: refused, not guessed.
+    with pytest.raises(EnqueueError, match="timezone-aware"):
+        app.enqueue("echo", run_at=datetime.now())  # noqa: DTZ005
 
 
 def test_enqueue_many_is_one_statement_in_input_order(
@@ -49,6 +54,7 @@ def test_enqueue_returns_the_runs_as_stored(app: Tidegate) -> None:
     runs = app.enqueue_many(
         [NewRun("echo", {"i": i}, key=f"k{i % 3}", priority=i % 3) for i in range(6)]
         + [NewRun("echo", run_at=at, idempotency_key="later")]
+        + [NewRun("echo", run_at=datetime.now(UTC) - timedelta(seconds=1))]
     )
     runs.append(app.enqueue("fail", {"x": 1}, lane="manual"))
     for run in runs:

@@ -723,14 +723,17 @@ def _wait(run_id: int, run: Run | None, left: float | None) -> float:
 
 
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
-    """Build a just-inserted run from what was sent and what the database assigned."""
+    """Build a just-inserted run from what was sent and what the database assigned: its
+    id, its vtime, and the insert's time ``at`` (insert_runs.sql)."""
+    at = stored["at"]
+    due = row["scheduled_at"]
     return stored_run(
         {
             **row,
-            "scheduled_at": stored["scheduled_at"],
+            "scheduled_at": at if due is None else due,
             "id": stored["id"],
-            "state": RunState(stored["state"]),
-            "inserted_at": stored["inserted_at"],
+            "state": RunState.SCHEDULED if due is not None and due > at else RunState.AVAILABLE,
+            "inserted_at": at,
             "attempt": 0,
             "attempted_at": None,
             "completed_at": None,
@@ -756,6 +759,9 @@ def _iso(value: Any) -> str:
 def _scheduled_at(n: NewRun) -> datetime | None:
     """When the run is due: ``run_at``, or ``delay`` from now; ``None``: at once."""
     if n.delay is None:
+        if n.run_at is not None and n.run_at.utcoffset() is None:
+            # A naive time would be read in the database session's time zone.
+            raise EnqueueError(f"run_at must be timezone-aware, got {n.run_at!r}")
         return n.run_at
     try:
         delay = n.delay if isinstance(n.delay, timedelta) else timedelta(seconds=n.delay)

@@ -18,7 +18,7 @@ plain AS (
                       scheduled_at, idempotency_key, state, vtime)
     SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NULL
-    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+    RETURNING id, state, lane, project, idempotency_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
@@ -26,7 +26,7 @@ keyed AS (
     SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NOT NULL
     ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+    RETURNING id, state, lane, project, idempotency_key, vtime
 ),
 inserted AS (
     SELECT * FROM plain UNION ALL SELECT * FROM keyed
@@ -35,6 +35,5 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM inserted WHERE state = 'available'
 )
-SELECT inserted.id, inserted.state, inserted.scheduled_at, inserted.inserted_at,
-       inserted.project, inserted.idempotency_key, inserted.vtime
+SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key, now() AS at
 FROM inserted, notified

@@ -16,6 +16,9 @@
 -- the two inserts hands out ids in input order among its own runs.
 -- notified: one NOTIFY per lane (PostgreSQL folds identical payloads in a transaction);
 -- it is only a hint, workers also poll.
+-- The result is what the caller cannot know: each run's id and place on its key's clock,
+-- and the statement's time, from which it makes each run's state, scheduled_at and
+-- inserted_at as the insert did (a run whose scheduled_at is after it is 'scheduled').
 WITH batch AS (
     SELECT * FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
         project text, lane text, key text, task text, args jsonb, priority smallint,
@@ -44,7 +47,7 @@ plain AS (
            scheduled_at, idempotency_key, state, vtime
     FROM stamped WHERE idempotency_key IS NULL
     ORDER BY ord
-    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+    RETURNING id, state, lane, project, idempotency_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
@@ -54,7 +57,7 @@ keyed AS (
     FROM stamped WHERE idempotency_key IS NOT NULL
     ORDER BY ord
     ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, state, lane, scheduled_at, inserted_at, project, idempotency_key, vtime
+    RETURNING id, state, lane, project, idempotency_key, vtime
 ),
 inserted AS (
     SELECT * FROM plain UNION ALL SELECT * FROM keyed
@@ -63,6 +66,5 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM (SELECT DISTINCT lane FROM inserted WHERE state = 'available') AS ready
 )
-SELECT inserted.id, inserted.state, inserted.scheduled_at, inserted.inserted_at,
-       inserted.project, inserted.idempotency_key, inserted.vtime
+SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key, now() AS at
 FROM inserted, notified
