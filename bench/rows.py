@@ -30,10 +30,9 @@ what its lanes hold, so a backlog it could reach would be drained by the measure
 itself, and one in its own lane of a task it lacks would be set pending by its parker. A
 backlog that stays ready is one no running worker serves (a lane whose workers are
 down, or busy elsewhere), and it is the hard case for the indexes: every index of ready
-runs (``runs_claim_lane``, ``runs_claim_any``, ``runs_key_ready``, ``runs_waiting``)
-holds the N runs beside the few the measurement makes, every enqueue and claim writes
-into those trees, and the planner's statistics say that most of the table is ready,
-almost none of it in the lanes measured. So the worker's workloops are ``fast_lane:16``
+runs (``runs_claim_lane``, ``runs_key_ready``) holds the N runs beside the few the
+measurement makes, every enqueue and claim writes into those trees, and the planner's
+statistics say that most of the table is ready, almost none of it in the lanes measured. So the worker's workloops are ``fast_lane:16``
 and ``manual>default:32``, without ``*``: a wildcard would take the backlog. No backlog
 is put in ``fast_lane``: the admission counts that lane's ready runs as taken slots.
 
