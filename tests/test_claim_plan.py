@@ -113,6 +113,8 @@ def test_claim_scans_its_indexes_and_never_the_backlog(
     assert any(index == "runs_pkey" for _, index, _ in scans), scans
     if wildcard:  # the lanes of `*`: a skip scan of the claim's index, no index across lanes
         assert ("Index Only Scan", "runs_claim_lane", "runs") in scans, scans
+    # No statement of the claim is compiled: JIT costs more than the claim (tens of ms).
+    assert not any("JIT" in p for p in plans), [p["Query Text"] for p in plans if "JIT" in p]
     # Nothing is sorted but the lanes of `*` (by their heads): never the runs.
     sorted_rows = [
         node["Actual Rows"]
