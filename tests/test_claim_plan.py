@@ -11,6 +11,7 @@ import json
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from tests.conftest import admission
 from tidegate import Tidegate
@@ -344,3 +345,35 @@ def test_a_webhook_admission_reads_no_backlog_when_the_statistics_predate_it(
         plans, rows = explained(sql, "admit_webhook", params)
         assert rows[0][0] == "admitted"
         assert rows_scanned(plans) <= 2_500 + 20, rows_scanned(plans)
+
+
+@pytest.mark.parametrize("limits", [False, True], ids=["set-based", "with-key-limits"])
+def test_a_wildcard_takes_every_other_lane_in_turn_by_its_head(
+    app: Tidegate, sql: psycopg.Connection, limits: bool
+) -> None:
+    """`*` with backlogs in three lanes whose ranks interleave: each claim takes the lane
+    whose head is lowest, so the lanes share the claims and none waits behind another's
+    backlog; the named lane of the chain still comes first."""
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', l, 'k' || (i % 10), 'noop', i"
+        " FROM unnest(ARRAY['a', 'b', 'c']) AS l, generate_series(1, 400) AS i"
+    )
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', 'first', 'k', 'noop', 1000 + i FROM generate_series(1, 4) AS i"
+    )
+    if limits:
+        sql.execute("INSERT INTO key_policies (lane, key, max_running) VALUES ('a', '*', 999)")
+    sql.execute("ANALYZE runs")
+    claim = {**CLAIM, "lanes": ["first"], "wildcard": True}
+    taken: list[list[str]] = []
+    for _ in range(12):
+        rows = sql.cursor(row_factory=dict_row).execute(query("claim_runs"), claim).fetchall()
+        taken.append([row["lane"] for row in rows if row["state"] == "running"])
+    assert taken[0].count("first") == 4  # the named lane before `*`'s
+    every = [lane for claimed in taken for lane in claimed]
+    assert len(every) == 12 * 8
+    shares = {lane: every.count(lane) for lane in "abc"}
+    # 92 runs of `*`: each lane within one claim of a third.
+    assert all(abs(n - 92 / 3) <= 8 for n in shares.values()), (shares, taken)
