@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tidegate import Cancel, Discard, Retry, RunState, Tidegate, current_run
+from tidegate import Cancel, Discard, Retry, RunState, SchemaError, Tidegate, current_run
 from tidegate.testing import Harness
 
 pytest_plugins = ["pytester"]
@@ -123,6 +123,13 @@ async def test_adrain_works_from_async_tests(tidegate_app: Tidegate, harness: Ha
     await tidegate_app.aenqueue(hello, {"name": "a"})
     [run] = await harness.adrain()
     assert (run.state, run.result) == (RunState.SUCCEEDED, "hello a")
+
+
+def test_drain_raises_what_stops_its_worker(database_url: str, schema: str) -> None:
+    app = Tidegate(database_url, schema=schema)  # never migrated
+    with pytest.raises(SchemaError, match="run `tidegate migrate`"):
+        Harness(app).drain()
+    app.close()
 
 
 # -- perform --------------------------------------------------------------------------

@@ -215,14 +215,10 @@ class Harness:
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run(stop), name="tidegate.drain")
         try:
-            started = asyncio.create_task(worker.started.wait())
-            await asyncio.wait([started, running], return_when=asyncio.FIRST_COMPLETED)
-            if running.done():  # it could not start: its error
-                started.cancel()
-                running.result()
+            await _unless_stopped(worker.started, running)
             tasks = {"tasks": list(worker.tasks)}
             while True:
-                await worker.completer.settled.wait()
+                await _unless_stopped(worker.completer.settled, running)
                 [(left,)] = await fetch(worker.pool, "count_due_runs", tasks)
                 if left == 0 and worker.completer.settled.is_set():
                     break
@@ -297,6 +293,16 @@ class Harness:
             progress=sink.events,
             run=run,
         )
+
+
+async def _unless_stopped(event: asyncio.Event, worker: asyncio.Task[None]) -> None:
+    """Wait for ``event``; raise the worker's error (or say it stopped) if it ends first."""
+    waiting = asyncio.create_task(event.wait())
+    await asyncio.wait([waiting, worker], return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if worker.done():
+        worker.result()
+        raise RuntimeError("the drain's worker stopped before every due run was done")
 
 
 def _find_enqueued(task: str | Task | None, args: dict[str, Any] | None) -> Steps[list[Run]]:
