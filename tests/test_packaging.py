@@ -115,11 +115,6 @@ def imports(tree: ast.Module) -> Iterator[tuple[str, bool]]:
             yield node.module.partition(".")[0], node in optional
 
 
-HOSTED = {"testing.py": "pytest"}
-"""Modules that only their host loads, and the host: tidegate.testing is a pytest plugin
-(its ``pytest11`` entry point), run inside pytest, never without it."""
-
-
 def third_party_imports() -> dict[str, bool]:
     """Every third-party top-level module imported under src/tidegate, at the top of a
     module, in a function or for type checking alike; True where every import of it is
@@ -128,8 +123,6 @@ def third_party_imports() -> dict[str, bool]:
     for path in sorted(SOURCE.rglob("*.py")):
         for module, optional in imports(ast.parse(path.read_text(), str(path))):
             if module in sys.stdlib_module_names or module in ("__future__", "tidegate"):
-                continue
-            if HOSTED.get(str(path.relative_to(SOURCE))) == module:
                 continue
             found[module] = found.get(module, True) and optional
     return found

@@ -260,7 +260,9 @@ def test_the_plugin_touches_nothing_when_no_test_asks_for_it(
 ) -> None:
     # A database that cannot be reached: nothing may try it.
     monkeypatch.setenv("TIDEGATE_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
-    pytester.makepyfile("def test_plain():\n    assert True\n")
+    pytester.makepyfile(
+        "import sys\n\ndef test_plain():\n    assert 'tidegate' not in sys.modules\n"
+    )
     result = pytester.runpytest_subprocess("--trace-config", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*tidegate.testing*"])  # loaded, by its entry point
+    result.stdout.fnmatch_lines(["*_tidegate_pytest*"])  # loaded, by its entry point

@@ -1,21 +1,13 @@
-"""Test an application's tasks against a real database: a pytest plugin.
-
-Installed with tidegate (a ``pytest11`` entry point), it adds fixtures and an ini option,
-and nothing runs until a test asks for one of them:
-
-- ``tidegate_database_url`` (session): ``TIDEGATE_DATABASE_URL``, or else an embedded
-  PostgreSQL started for the session in pytest's temporary folder;
-- ``tidegate_schema``: a schema name of the test's own, dropped after it;
-- ``tidegate_app``: the application's ``Tidegate`` bound to that schema, migrated: the
-  object the ini option ``tidegate_app = myapp:app`` names (the code under test enqueues
-  through it, as in production), or a new ``Tidegate()`` without it;
-- ``tidegate_harness``: a ``Harness`` on that app.
+"""Test an application's tasks against a real database: the harness, and the pytest
+plugin's fixtures that give it (``_tidegate_pytest``, loaded by pytest wherever tidegate
+is installed: ``tidegate_database_url``, ``tidegate_schema``, ``tidegate_app`` bound to
+that schema and migrated, ``tidegate_harness``).
 
 ::
 
     def test_signup_sends_a_welcome(tidegate_harness):
         signup("a@example.com")                                   # enqueues
-        run = tidegate_harness.assert_enqueued(send_welcome, args={"to": "a@example.com"})
+        tidegate_harness.assert_enqueued(send_welcome, args={"to": "a@example.com"})
         [done] = tidegate_harness.drain()                         # a worker, in-process
         assert done.state == "succeeded"
 
@@ -25,32 +17,25 @@ and nothing runs until a test asks for one of them:
 
 ``drain`` runs a real worker (the same claim, execution and outcome as ``tidegate
 worker``); ``perform`` runs one handler the way a worker's attempt does
-(worker/execute.py), without a database.
+(worker/execute.py), without a database. Nothing here needs pytest: a ``Harness(app)``
+serves ``unittest`` and Django's test cases as well.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
-import os
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import psycopg
-import pytest
-from psycopg import sql
-
 from tidegate.app import NewRun, Task, Tidegate
-from tidegate.errors import ConfigError, UnknownTaskError
+from tidegate.errors import UnknownTaskError
 from tidegate.runs import Run, RunState, _progress, run_row
 from tidegate.storage.database import Database
-from tidegate.storage.embedded import start_embedded
 from tidegate.storage.sql import Statement, Steps, adrive
 from tidegate.worker.execute import execute
 from tidegate.worker.runtime import Worker
@@ -67,48 +52,6 @@ DRAIN_CHECK_SECONDS = 0.01
 """How often ``drain`` asks the database whether a run is left to do."""
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addini(
-        "tidegate_app",
-        "the application's Tidegate (module:attribute) that the tidegate_app fixture "
-        "binds to each test's own schema; without it, a new Tidegate()",
-    )
-
-
-@pytest.fixture(scope="session")
-def tidegate_database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """``TIDEGATE_DATABASE_URL``, or an embedded PostgreSQL started for the session."""
-    url = os.environ.get("TIDEGATE_DATABASE_URL")
-    return url or start_embedded(tmp_path_factory.mktemp("tidegate"))
-
-
-@pytest.fixture
-def tidegate_schema(tidegate_database_url: str) -> Iterator[str]:
-    """A schema of the test's own (not made here: migrating makes it), dropped after."""
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    yield name
-    with psycopg.connect(tidegate_database_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def tidegate_app(
-    request: pytest.FixtureRequest, tidegate_database_url: str, tidegate_schema: str
-) -> Iterator[Tidegate]:
-    """The application's ``Tidegate`` (ini ``tidegate_app``) or a new one, bound to the
-    test's schema and migrated; put back as it was after the test."""
-    spec = request.config.getini("tidegate_app")
-    app = _load(spec) if spec else Tidegate(tidegate_database_url, schema=tidegate_schema)
-    with bound(app, database_url=tidegate_database_url, schema=tidegate_schema):
-        app.migrate()
-        yield app
-
-
-@pytest.fixture
-def tidegate_harness(tidegate_app: Tidegate) -> Harness:
-    return Harness(tidegate_app)
-
-
 @contextlib.contextmanager
 def bound(app: Tidegate, **settings: Any) -> Iterator[Tidegate]:
     """Point ``app`` at other settings (``database_url``, ``schema``) for the block, then
@@ -122,17 +65,6 @@ def bound(app: Tidegate, **settings: Any) -> Iterator[Tidegate]:
     finally:
         app.close()
         app.settings, app.database, app._async_pool, app._worker_checks = saved
-
-
-def _load(spec: str) -> Tidegate:
-    module_name, _, attribute = spec.partition(":")
-    try:
-        app = getattr(importlib.import_module(module_name), attribute or "app")
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"ini tidegate_app = {spec!r}: {error}") from None
-    if not isinstance(app, Tidegate):
-        raise ConfigError(f"ini tidegate_app = {spec!r} is a {type(app).__name__}, not a Tidegate")
-    return app
 
 
 @dataclass(frozen=True)
