@@ -32,16 +32,21 @@ print(len(app.list_runs()))
 
 
 def python(script: str, cwd: Path, **variables: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` as ``python myapp.py`` in ``cwd``. Its output goes to files, not
+    pipes: an embedded server it starts inherits them, and a pipe it held open would keep
+    the test waiting after the script had ended."""
     (cwd / "myapp.py").write_text(script)
-    environment = clean_environment(**variables)
-    return subprocess.run(
-        [sys.executable, "myapp.py"],
-        cwd=cwd,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    with (cwd / "out").open("w+") as out, (cwd / "err").open("w+") as err:
+        done = subprocess.run(
+            [sys.executable, "myapp.py"],
+            cwd=cwd,
+            env=clean_environment(**variables),
+            stdout=out,
+            stderr=err,
+            timeout=120,
+        )
+    output, errors = (cwd / "out").read_text(), (cwd / "err").read_text()
+    return subprocess.CompletedProcess(done.args, done.returncode, output, errors)
 
 
 def test_a_process_on_the_embedded_server_says_so_once_with_its_folder(tmp_path: Path) -> None:
