@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,6 @@ from psycopg.conninfo import make_conninfo
 
 from tests.http_fixtures import ADMIN, ApiServer, wait_for_workers
 from tidegate import Settings, Tidegate
-from tidegate.storage.embedded import start_embedded
 from tidegate.worker.link import RemoteLink
 from tidegate.worker.runtime import Worker
 
@@ -66,19 +64,15 @@ def admission(trigger: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    url = os.environ.get("TIDEGATE_DATABASE_URL")
-    if url:
-        return url
-    return start_embedded(tmp_path_factory.mktemp("pg"))
+def database_url(tidegate_database_url: str) -> str:
+    """The server (tidegate.testing's fixture, as the suite's users get it)."""
+    return tidegate_database_url
 
 
 @pytest.fixture
-def schema(database_url: str) -> Iterator[str]:
-    name = f"test_{uuid.uuid4().hex[:12]}"
-    yield name
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+def schema(tidegate_schema: str) -> str:
+    """The test's own schema, dropped after it (tidegate.testing's fixture)."""
+    return tidegate_schema
 
 
 @pytest.fixture

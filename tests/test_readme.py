@@ -1,5 +1,5 @@
-"""The README's library quick start, and its examples of enqueueing in a transaction and
-waiting for a result, work copied verbatim.
+"""The README's library quick start, and its examples of enqueueing in a transaction,
+waiting for a result and testing tasks, work copied verbatim.
 
 The test takes the quick start's code blocks out of README.md and runs them as a reader
 would, in an empty folder: it writes ``myapp.py`` from the Python block, then runs each
@@ -30,6 +30,9 @@ from psycopg.conninfo import make_conninfo
 
 from tests.conftest import ROOT, wait_until
 from tidegate import Settings, Tidegate
+from tidegate.testing import Harness
+
+pytest_plugins = ["pytester"]
 
 README = ROOT / "README.md"
 
@@ -39,9 +42,9 @@ def section(title: str) -> str:
     return README.read_text().split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def python_block(title: str) -> str:
-    """Return the one Python block of the README's section ``title``."""
-    [code] = re.findall(r"```python\n(.*?)```", section(title), re.DOTALL)
+def python_block(title: str, language: str = "python") -> str:
+    """Return the one ``language`` block of the README's section ``title``."""
+    [code] = re.findall(rf"```{language}\n(.*?)```", section(title), re.DOTALL)
     return code
 
 
@@ -119,8 +122,25 @@ def test_the_transaction_and_result_examples_run_as_written(
         {"app": app, "send_email": "echo"},
     )
     assert sql.execute("SELECT id, total FROM orders").fetchall() == [(42, 99)]
-    assert count(sql, "task = 'echo' AND args->>'subject' = 'order 42'") == 1
+    Harness(app).assert_enqueued("echo", args={"subject": "order 42"})
 
     start_worker_process("manual>*:2")
     exec(python_block("Wait for a result"), {"app": app, "send_email": "echo"})
     assert capsys.readouterr().out == "{'to': 'a@example.com', 'subject': 'hi'}\n"
+
+
+def test_the_testing_example_passes_on_the_quick_starts_app(
+    pytester: pytest.Pytester, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "Test your tasks": its pytest.ini and test file, in a project holding the quick
+    start's ``myapp.py``, run by pytest (a process of its own) on the test's server."""
+    monkeypatch.setenv("TIDEGATE_DATABASE_URL", database_url)
+    python, _ = quick_start()
+    pytester.makepyfile(myapp=python)
+    ini = python_block("Test your tasks", "ini")
+    tests = python_block("Test your tasks")
+    assert ini.startswith("# pytest.ini\n") and tests.startswith("# test_myapp.py\n")
+    pytester.makefile(".ini", pytest=ini)
+    pytester.makepyfile(test_myapp=tests)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)

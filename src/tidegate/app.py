@@ -29,7 +29,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -50,6 +50,8 @@ from tidegate.errors import (
     ResultTimeout,
     RunCancelled,
     RunFailed,
+    SchemaError,
+    UnavailableError,
     UnknownRunError,
 )
 from tidegate.lanes import FAST_LANE
@@ -74,8 +76,8 @@ from tidegate.runs import (
 )
 from tidegate.schedules import Declared
 from tidegate.settings import Settings
-from tidegate.storage.database import Database
-from tidegate.storage.migrate import migrate
+from tidegate.storage.database import Database, describe_failure
+from tidegate.storage.migrate import check_schema, migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
 from tidegate.tracing import Span, span
 
@@ -83,6 +85,9 @@ DEFAULT_LANE = "default"
 MAX_DELAY = timedelta(days=3650)
 WORKER_CHECK_SECONDS = 60.0
 """How often, at most, an enqueue looks whether a live worker has its task."""
+MISSING_OBJECTS = ("42P01", "42883", "3F000")
+"""SQLSTATEs of a statement on a schema that is not migrated: undefined table, undefined
+function, invalid schema name."""
 RESULT_POLL_SECONDS = 5.0
 """How long ``result`` waits for its run's notification before it reads the run again
 anyway: a safety net only, since the run's end NOTIFYs the completion channel."""
@@ -537,7 +542,7 @@ class Tidegate:
         Each waiting call holds a connection of its own, for the LISTEN, until it returns.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self.database.connect() as conn:
+        with self._plain_errors(), self.database.connect() as conn:
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel)))
             while True:
                 run = drive(conn, watched_run(run_id))
@@ -553,18 +558,21 @@ class Tidegate:
         """Async form of ``result``."""
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        async with await self.database.aconnect() as conn:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel)))
-            while True:
-                run = await adrive(conn, watched_run(run_id))
-                if run is not None and run.state is RunState.SUCCEEDED:
-                    return run.result
-                left = None if deadline is None else deadline - loop.time()
-                wait = _wait(run_id, run, left)
-                async with contextlib.aclosing(conn.notifies(timeout=wait)) as news:
-                    async for notify in news:
-                        if notify.payload == str(run_id):
-                            break
+        with self._plain_errors():
+            async with await self.database.aconnect() as conn:
+                await conn.execute(
+                    sql.SQL("LISTEN {}").format(sql.Identifier(self.completed_channel))
+                )
+                while True:
+                    run = await adrive(conn, watched_run(run_id))
+                    if run is not None and run.state is RunState.SUCCEEDED:
+                        return run.result
+                    left = None if deadline is None else deadline - loop.time()
+                    wait = _wait(run_id, run, left)
+                    async with contextlib.aclosing(conn.notifies(timeout=wait)) as news:
+                        async for notify in news:
+                            if notify.payload == str(run_id):
+                                break
 
     # -- key policies -------------------------------------------------------------
 
@@ -591,7 +599,7 @@ class Tidegate:
 
     def migrate(self) -> list[int]:
         """Apply missing migrations (safe to call from several processes at once)."""
-        with self.database.connect() as conn:
+        with self._plain_errors(), self.database.connect() as conn:
             return migrate(conn, self.settings.schema)
 
     def run_worker(self, workloops: str | None = None, **options: Any) -> None:
@@ -641,18 +649,47 @@ class Tidegate:
 
     def execute(self, steps: Steps[T]) -> T:
         """Run an operation's steps on a pooled connection (see ``storage.sql.Steps``)."""
-        with self.database.pool().connection() as conn:
+        with self._plain_errors(), self.database.pool().connection() as conn:
             return drive(conn, steps)
 
     async def aexecute(self, steps: Steps[T]) -> T:
         """Async form of ``execute``."""
         loop = asyncio.get_running_loop()
-        if self._async_pool is None or self._async_pool[0] is not loop:
-            pool = self.database.async_pool()
-            await pool.open()
-            self._async_pool = (loop, pool)
-        async with self._async_pool[1].connection() as conn:
-            return await adrive(conn, steps)
+        with self._plain_errors():
+            if self._async_pool is None or self._async_pool[0] is not loop:
+                # One connection first, as ``Database.pool`` does: an unreachable server
+                # fails at once, not after the pool's 30 s wait for a connection.
+                await (await self.database.aconnect()).close()
+                pool = self.database.async_pool()
+                await pool.open()
+                self._async_pool = (loop, pool)
+            async with self._async_pool[1].connection() as conn:
+                return await adrive(conn, steps)
+
+    @contextlib.contextmanager
+    def _plain_errors(self) -> Iterator[None]:
+        """Raise PostgreSQL's expected failures as the one line the CLI prints for them.
+
+        A server that cannot be used (refused, silent, a wrong password, no such
+        database: libpq's text runs over lines) raises ``UnavailableError`` with
+        ``describe_failure``'s line; a statement that failed for want of a table, a
+        function or the schema raises the ``SchemaError`` of ``check_schema`` (``run
+        `tidegate migrate```) when the schema is not this code's. Neither carries the
+        psycopg error's traceback (it stays in ``__context__``). Any other error of a
+        statement is raised as it is: the API and the worker tell those apart.
+        """
+        try:
+            yield
+        except psycopg.Error as error:
+            if error.sqlstate in MISSING_OBJECTS:
+                try:
+                    with self.database.connect() as conn:
+                        check_schema(conn, self.settings.schema)
+                except SchemaError as mismatch:
+                    raise mismatch from None
+            if error.sqlstate is None:  # the client's: no connection, or a lost one
+                raise UnavailableError(describe_failure(error, self.settings)) from None
+            raise
 
     def _execute_in(self, conn: psycopg.Connection[Any], steps: Steps[T]) -> T:
         """Run steps in the transaction of the application's connection ``conn``, in

@@ -132,6 +132,7 @@ def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callabl
     context_settings={"auto_envvar_prefix": "TIDEGATE", "show_default": True},
 )
 @_option("--database-url", help="PostgreSQL URL; without it tidegate runs an embedded server.")
+@_option("--require-database-url", type=bool, help="Without a URL, fail: no embedded server.")
 @_option("--schema", help="Schema holding tidegate's tables.")
 @_option(
     "--data-dir",
@@ -153,6 +154,7 @@ def main(
     ctx: click.Context,
     /,
     database_url: str | None,
+    require_database_url: bool,
     schema: str,
     data_dir: Path | None,
     log_format: str,
@@ -163,6 +165,7 @@ def main(
     ctx.obj = {
         "options": {
             "database_url": database_url,
+            "require_database_url": require_database_url,
             "schema": schema,
             "data_dir": data_dir,
             "log_format": log_format,

@@ -74,6 +74,10 @@ class Settings:
 
     database_url: str | None = None
     """PostgreSQL URL; ``None`` starts the embedded server under ``data_dir``."""
+    require_database_url: bool = False
+    """Make a missing ``database_url`` an error (``ConfigError``, at construction) rather
+    than the embedded server: for deployments, where a forgotten variable must not
+    enqueue into a throwaway local database (``TIDEGATE_REQUIRE_DATABASE_URL=1``)."""
     schema: str = DEFAULT_SCHEMA
     data_dir: Path = DEFAULT_DATA_DIR
     workloops: str = DEFAULT_WORKLOOPS
@@ -150,6 +154,11 @@ class Settings:
     def __post_init__(self) -> None:
         if not _SCHEMA_NAME.fullmatch(self.schema):
             raise ConfigError(f"schema {self.schema!r} must match [a-z_][a-z0-9_]*")
+        if self.database_url is None and self.require_database_url:
+            raise ConfigError(
+                "no database URL: set TIDEGATE_DATABASE_URL (require_database_url is on, "
+                "so the embedded PostgreSQL is not started)"
+            )
         if self.database_url is not None:
             try:
                 conninfo_to_dict(self.database_url)

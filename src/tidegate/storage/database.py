@@ -23,6 +23,7 @@ point workers (which LISTEN) at PostgreSQL directly, and give PgBouncer
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -39,6 +40,8 @@ from tidegate.errors import UnavailableError
 from tidegate.settings import Settings
 from tidegate.storage.embedded import start_embedded
 from tidegate.storage.migrate import migrate
+
+log = logging.getLogger("tidegate")
 
 RECONNECT_SECONDS = 5.0
 CONNECT_TIMEOUT_SECONDS = 3
@@ -108,7 +111,9 @@ class Database:
         return make_conninfo(url, options=options, application_name="tidegate", **timeout)
 
     def url(self) -> str:
-        """Return the server's URL, starting (and migrating) the embedded one if needed."""
+        """Return the server's URL, starting (and migrating) the embedded one if needed:
+        then the process says so in one log line, with the server's folder, so that a
+        deployment that forgot its URL does not go on silently on a local database."""
         with self._lock:
             if self._url is None:
                 try:
@@ -121,6 +126,12 @@ class Database:
                     ) from error
                 with psycopg.connect(url, autocommit=True) as conn:
                     migrate(conn, self.settings.schema)  # tidegate owns this server
+                log.warning(
+                    "using %s, as no database URL is set: for a deployment, set "
+                    "TIDEGATE_DATABASE_URL, and TIDEGATE_REQUIRE_DATABASE_URL=1 to make "
+                    "its absence an error",
+                    describe_database(self.settings),
+                )
                 self._url = url
             return self._url
 

@@ -1,0 +1,6 @@
+from django.db import models
+
+
+class Order(models.Model):
+    email = models.EmailField()
+    total = models.PositiveIntegerField()
