@@ -48,8 +48,13 @@ def invoke(env: dict[str, str], *args: str) -> Result:
 
 
 def clean_environment(**variables: str) -> dict[str, str]:
-    """This process's environment without any TIDEGATE_* variable, plus ``variables``."""
-    kept = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    """This process's environment without a variable that names a database (TIDEGATE_*,
+    DATABASE_URL, libpq's PG*), plus ``variables``."""
+    kept = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TIDEGATE_", "PG")) and k != "DATABASE_URL"
+    }
     return {**kept, "PYTHONPATH": str(ROOT), **variables}
 
 
@@ -198,6 +203,46 @@ def test_db_reports_server_and_schema_version_without_the_password(
     assert info["schema_version"] == info["code_version"] == latest_version()
     assert info["database"].startswith("PostgreSQL ")
     assert "s3cret" not in result.output
+
+
+def test_database_url_and_libpq_variables_name_the_database_where_tidegates_is_unset(
+    settings: Settings, tmp_path: Path
+) -> None:
+    assert settings.database_url
+    params = psycopg.conninfo.conninfo_to_dict(settings.database_url)
+    libpq = {
+        variable: str(params[key])
+        for variable, key in (
+            ("PGHOST", "host"),
+            ("PGPORT", "port"),
+            ("PGDATABASE", "dbname"),
+            ("PGUSER", "user"),
+        )
+        if key in params
+    }
+    refused = "postgresql://postgres@127.0.0.1:1/postgres"
+    for variables in (
+        {"DATABASE_URL": settings.database_url},
+        libpq,
+        {"TIDEGATE_DATABASE_URL": settings.database_url, "DATABASE_URL": refused},
+        {"DATABASE_URL": settings.database_url, "PGHOST": "no-such-host.invalid"},
+    ):
+        env = clean_environment(TIDEGATE_SCHEMA=settings.schema, **variables)
+        done, _ = tidegate("migrate", env=env, cwd=tmp_path)
+        assert done.returncode == 0, (variables, done.stderr)
+        done, _ = tidegate("db", env=env, cwd=tmp_path)
+        assert json.loads(done.stdout)["schema_version"] == latest_version(), variables
+    described = json.loads(tidegate("db", env=clean_environment(**libpq), cwd=tmp_path)[0].stdout)
+    assert described["database"].endswith(f'database "{params["dbname"]}"')
+    # A login alone (PGUSER, PGPASSWORD) names no server: still none found here.
+    done, seconds = tidegate("runs", env=clean_environment(PGUSER="app"), cwd=tmp_path)
+    assert_one_line_failure(
+        done,
+        seconds,
+        "tidegate: no tidegate database here or in any parent folder; start one with "
+        "tidegate serve, or set TIDEGATE_DATABASE_URL",
+    )
+    assert "DATABASE_URL, else libpq's PG*" in help_entries()["--database-url"]
 
 
 def test_demo_works_off_every_run_and_shows_its_progress(env: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -39,7 +40,13 @@ from tidegate.limits import (
 )
 from tidegate.logs import configure as configure_logging
 from tidegate.runs import Run, RunState
-from tidegate.settings import DEFAULT_DATA_DIR, ENV_PREFIX, LOG_FORMATS, Settings
+from tidegate.settings import (
+    DEFAULT_DATA_DIR,
+    ENV_PREFIX,
+    LOG_FORMATS,
+    Settings,
+    conventional_database_url,
+)
 from tidegate.storage.database import Database, describe_database, describe_failure
 from tidegate.storage.embedded import embedded_status, find_data_dir
 from tidegate.storage.migrate import check_schema, latest_version, schema_version
@@ -131,7 +138,12 @@ def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callabl
     cls=CommandLine,
     context_settings={"auto_envvar_prefix": "TIDEGATE", "show_default": True},
 )
-@_option("--database-url", help="PostgreSQL URL; without it tidegate runs an embedded server.")
+@_option(
+    "--database-url",
+    help="PostgreSQL URL. Unset: DATABASE_URL, else libpq's PG* variables if one names a "
+    "server (PGHOST, PGHOSTADDR, PGPORT, PGDATABASE, PGSERVICE; with PGUSER, PGPASSWORD "
+    "and the rest); without any, tidegate runs an embedded server.",
+)
 @_option("--schema", help="Schema holding tidegate's tables.")
 @_option(
     "--data-dir",
@@ -181,6 +193,8 @@ def _settings(ctx: click.Context, /, *, finds_database: bool = True, **options: 
     must not start an empty database there and report that it holds nothing.
     """
     given = dict(ctx.obj["options"])
+    if given["database_url"] is None:
+        given["database_url"] = conventional_database_url(os.environ)
     if finds_database and given["database_url"] is None and given["data_dir"] is None:
         given["data_dir"] = find_data_dir(DEFAULT_DATA_DIR, Path.cwd())
         if given["data_dir"] is None:
