@@ -34,6 +34,10 @@ from tidegate.storage.migrate import latest_version, migrations
 
 ERROR_SECONDS = 5.0
 """How long a command may take to say that it cannot work."""
+NO_DATABASE = (
+    "tidegate: no tidegate database here or in any parent folder; start one with "
+    "tidegate serve, or set TIDEGATE_DATABASE_URL"
+)
 
 
 @pytest.fixture
@@ -365,13 +369,8 @@ def test_database_url_and_libpq_variables_name_the_database_where_tidegates_is_u
     described = json.loads(tidegate("db", env=clean_environment(**libpq), cwd=tmp_path)[0].stdout)
     assert described["database"].endswith(f'database "{params["dbname"]}"')
     # A login alone (PGUSER, PGPASSWORD) names no server: still none found here.
-    done, seconds = tidegate("runs", env=clean_environment(PGUSER="app"), cwd=tmp_path)
-    assert_one_line_failure(
-        done,
-        seconds,
-        "tidegate: no tidegate database here or in any parent folder; start one with "
-        "tidegate serve, or set TIDEGATE_DATABASE_URL",
-    )
+    done, _ = tidegate("runs", env=clean_environment(PGUSER="app"), cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (1, NO_DATABASE + "\n")
     assert "DATABASE_URL, else libpq's PG*" in help_entries()["--database-url"]
 
 
@@ -620,12 +619,7 @@ def test_a_schema_missing_older_or_newer_than_the_code_is_one_line(
 def test_commands_find_no_database_outside_a_tidegate_folder(tmp_path: Path) -> None:
     for command in (["runs"], ["enqueue", "echo"], ["migrate"], ["db"], ["projects", "list"]):
         done, seconds = tidegate(*command, env=clean_environment(), cwd=tmp_path)
-        assert_one_line_failure(
-            done,
-            seconds,
-            "tidegate: no tidegate database here or in any parent folder; start one with "
-            "tidegate serve, or set TIDEGATE_DATABASE_URL",
-        )
+        assert_one_line_failure(done, seconds, NO_DATABASE)
     assert list(tmp_path.iterdir()) == []  # and nothing was created
 
 
