@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -277,6 +278,10 @@ class Workloop(Service):
         seconds = time.monotonic() - started
         self.pace.ran(seconds)
         _log_outcome(run, outcome, label)
+        if outcome.raised is not None:
+            # What is written needs none of the handler's frames, nor the locals they
+            # hold, which would otherwise stay alive while the outcome waits in a batch.
+            outcome = dataclasses.replace(outcome, raised=None)
         self.unwritten += 1
         counted = functools.partial(self.written, run, outcome, seconds)
         if run.lane == "fast_lane":
