@@ -94,6 +94,10 @@ def register(app: Tidegate) -> None:
             raise ValueError(f"boom on attempt {run.attempt}")
         return f"ok on attempt {run.attempt}"
 
+    @app.task(name="fail_in_thread", max_attempts=2)
+    def fail_in_thread(**_: Any) -> str:
+        return int("not a number")  # type: ignore[return-value]
+
     @app.task(name="fail_while_flagged", max_attempts=1)
     async def fail_while_flagged(flag: str, **_: Any) -> str:
         """Fail while the file ``flag`` exists: a fault the test fixes before a retry."""

@@ -61,7 +61,14 @@ COMMANDS: list[tuple[tuple[str, ...], Bounds, bool]] = [
     (("triggers", "create"), TRIGGER_BOUNDS, False),
     (("triggers", "update"), TRIGGER_BOUNDS, False),
     (("keys", "set"), POLICY_BOUNDS, True),
-    (("schedules", "create"), SCHEDULE_BOUNDS, True),
+    (  # --every sets interval_seconds
+        ("schedules", "create"),
+        {
+            **{k: v for k, v in SCHEDULE_BOUNDS.items() if k != "interval_seconds"},
+            "every": SCHEDULE_BOUNDS["interval_seconds"],
+        },
+        True,
+    ),
     (("enqueue",), {"priority": PRIORITY, "max_attempts": ATTEMPTS}, True),
     (("serve",), SETTING_BOUNDS, False),
     (("worker",), SETTING_BOUNDS, False),

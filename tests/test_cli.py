@@ -6,9 +6,11 @@ line on stderr, the exit status, and how long it took.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import json
 import os
+import pty
 import re
 import socket
 import subprocess
@@ -17,13 +19,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import psycopg
 import pytest
 from click.testing import CliRunner, Result
 
 from tests.conftest import ROOT, running_worker, wait_until
 from tests.http_fixtures import PrivatePostgres, wait_for_workers
-from tidegate import Settings, Tidegate, __version__
+from tidegate import NewRun, Settings, Tidegate, __version__
 from tidegate.cli import main
 from tidegate.lanes import parse_workloops
 from tidegate.projects import hash_token
@@ -33,6 +36,10 @@ ERROR_SECONDS = 30.0
 """How long a command may take to say that it cannot work: a bound that tells a command
 that gives up (its 3 s connect timeout, its imports, a loaded machine's slowness) from one
 that waits forever, not a measure of speed."""
+NO_DATABASE = (
+    "tidegate: no tidegate database here or in any parent folder; start one with "
+    "tidegate serve, or set TIDEGATE_DATABASE_URL"
+)
 
 
 @pytest.fixture
@@ -48,8 +55,13 @@ def invoke(env: dict[str, str], *args: str) -> Result:
 
 
 def clean_environment(**variables: str) -> dict[str, str]:
-    """This process's environment without any TIDEGATE_* variable, plus ``variables``."""
-    kept = {k: v for k, v in os.environ.items() if not k.startswith("TIDEGATE_")}
+    """This process's environment without a variable that names a database (TIDEGATE_*,
+    DATABASE_URL, libpq's PG*), plus ``variables``."""
+    kept = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TIDEGATE_", "PG")) and k != "DATABASE_URL"
+    }
     return {**kept, "PYTHONPATH": str(ROOT), **variables}
 
 
@@ -127,6 +139,129 @@ async def test_runs_table_says_why_a_pending_run_waits(
     assert re.search(r"succeeded  1/\d+ +\S+ \S+$", by_id[done.id])
 
 
+async def test_runs_are_cancelled_and_retried_as_the_api_does(
+    app: Tidegate, env: dict[str, str]
+) -> None:
+    waiting = app.enqueue("echo", {"n": 1}, lane="default")
+    cancelled = invoke(env, "runs", "cancel", str(waiting.id))
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(cancelled.stdout)["state"] == "cancelled"
+    again = invoke(env, "runs", "cancel", str(waiting.id))
+    assert (again.exit_code, again.stderr) == (
+        1,
+        f"tidegate: run {waiting.id} has finished already (cancelled)\n",
+    )
+    retried = invoke(env, "runs", "retry", str(waiting.id))
+    assert retried.exit_code == 0, retried.output
+    run = json.loads(retried.stdout)
+    assert (run["id"], run["state"], run["lane"]) == (waiting.id, "available", "manual")
+    again = invoke(env, "runs", "retry", str(waiting.id))
+    assert (again.exit_code, again.stderr) == (
+        1,
+        f"tidegate: run {waiting.id} has not finished (available)\n",
+    )
+    async with running_worker(app, "manual>*:1"):
+        await wait_until(lambda: app.get_run(waiting.id).state == "succeeded", 10)  # type: ignore[union-attr]
+    for verb in ("cancel", "retry", "show"):
+        missing = invoke(env, "runs", verb, "999999")
+        assert (missing.exit_code, missing.stderr) == (1, "tidegate: no run 999999\n"), verb
+        bad = invoke(env, "runs", verb, "0")
+        assert bad.exit_code == 2 and "0 is not in the range" in bad.output, verb
+
+
+def test_runs_are_listed_by_key_and_an_empty_list_says_so(
+    app: Tidegate, env: dict[str, str]
+) -> None:
+    app.enqueue_many([NewRun("echo", key=key) for key in ("acme", "globex", "acme")])
+    listed = invoke(env, "runs", "--key", "acme", "--json")
+    assert [run["key"] for run in json.loads(listed.stdout)] == ["acme", "acme"]
+    table = invoke(env, "runs", "--key", "globex").stdout.splitlines()
+    assert len(table) == 2 and table[1].split()[3] == "globex"
+    none = invoke(env, "runs", "--key", "initech")
+    assert (none.exit_code, none.stdout) == (0, "no runs\n")
+    assert invoke(env, "runs", "--key", "initech", "--json").stdout == "[]\n"
+
+
+def test_schedules_are_listed_as_a_table_or_as_json(app: Tidegate, env: dict[str, str]) -> None:
+    none = invoke(env, "schedules", "list")
+    assert (none.exit_code, none.stdout) == (0, "no schedules\n")
+    for args in (
+        ["nightly", "--cron", "30 2 * * *", "--timezone", "Europe/Berlin"],
+        ["poll", "--every", "60", "--paused"],
+    ):
+        made = invoke(env, "schedules", "create", "default", *args, "--task", "echo")
+        assert made.exit_code == 0, made.output
+    header, *rows = invoke(env, "schedules", "list").stdout.splitlines()
+    assert re.split(r" {2,}", header) == [
+        "PROJECT",
+        "NAME",
+        "TASK",
+        "WHEN",
+        "NEXT TICK",
+        "LAST RUN",
+        "LAST ERROR",
+    ]
+    nightly, poll = rows
+    assert re.match(r"default +nightly +echo +30 2 \* \* \* \(Europe/Berlin\) +\d{4}-", nightly)
+    assert re.match(r"default +poll +echo +every 60s +paused$", poll)
+    listed = json.loads(invoke(env, "schedules", "list", "--json").stdout)
+    assert [(s["name"], s["paused"]) for s in listed] == [("nightly", False), ("poll", True)]
+
+
+def test_enqueue_prints_the_run_as_it_stands_once_enqueued(
+    app: Tidegate, env: dict[str, str], sql: psycopg.Connection
+) -> None:
+    """What happens to a run after its insert (here: a trigger that finishes it at once,
+    as a fast worker would between the enqueue and the print) shows in what is printed."""
+    sql.execute(
+        """
+        CREATE FUNCTION finish_at_once() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            UPDATE runs SET state = 'succeeded', attempt = 1, result = '"done"',
+                            completed_at = clock_timestamp()
+            WHERE id = NEW.id;
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER finish_at_once AFTER INSERT ON runs
+            FOR EACH ROW EXECUTE FUNCTION finish_at_once();
+        """
+    )
+    result = invoke(env, "enqueue", "echo")
+    assert result.exit_code == 0, result.output
+    run = json.loads(result.stdout)
+    assert (run["state"], run["attempt"], run["result"]) == ("succeeded", 1, "done")
+
+
+async def test_a_trigger_made_or_changed_for_a_task_no_live_worker_has_is_warned_of(
+    app: Tidegate, env: dict[str, str]
+) -> None:
+    made = invoke(env, "projects", "create", "acme")
+    assert made.exit_code == 0, made.output
+    created = invoke(
+        env, "triggers", "create", "acme", "orders", "--mode", "sync", "--task", "echo"
+    )
+    assert created.exit_code == 0, created.output
+    trigger = json.loads(created.stdout)
+    said = (
+        "no live worker has task 'echo' for lane 'fast_lane': its webhooks are refused (503) "
+        "until one starts"
+    )
+    assert trigger["warnings"] == [said]
+    assert trigger["url"] == f"/hooks/{trigger['token']}"
+    assert re.fullmatch(
+        rf"\S+ \S+ WARNING tidegate: trigger {trigger['id']} \(orders\): " + re.escape(said) + "\n",
+        created.stderr,
+    )
+    async with running_worker(app, "fast_lane:1 manual>*:1"):
+        updated = invoke(env, "triggers", "update", str(trigger["id"]), "--mode", "async")
+        assert updated.exit_code == 0, updated.output
+        assert json.loads(updated.stdout)["warnings"] == []
+        typo = invoke(env, "triggers", "update", str(trigger["id"]), "--task", "ecko")
+        assert json.loads(typo.stdout)["warnings"] == [
+            "no live worker has task 'ecko' for lane 'default': its webhooks wait until one starts"
+        ]
+
+
 def test_worker_tokens_are_created_listed_and_deleted(env: dict[str, str], app: Tidegate) -> None:
     created = invoke(env, "worker-tokens", "create", "fleet", "--lanes", "emails, default")
     assert created.exit_code == 0, created.output
@@ -153,9 +288,15 @@ def test_command_options_also_read_their_environment_variable(env: dict[str, str
     invoke(env, "migrate")
     for i in range(3):
         assert invoke(env, "enqueue", "echo", "--args", json.dumps({"i": i})).exit_code == 0
-    result = invoke({**env, "TIDEGATE_RUNS_LIMIT": "2", "TIDEGATE_RUNS_AS_JSON": "1"}, "runs")
+    result = invoke({**env, "TIDEGATE_RUNS_LIMIT": "2", "TIDEGATE_RUNS_JSON": "1"}, "runs")
     assert result.exit_code == 0
     assert [run["args"] for run in json.loads(result.stdout)] == [{"i": 2}, {"i": 1}]
+    result = invoke({**env, "TIDEGATE_ENQUEUE_ARGS": '{"i": 3}'}, "enqueue", "echo")
+    assert result.exit_code == 0 and json.loads(result.stdout)["args"] == {"i": 3}
+    every = {**env, "TIDEGATE_SCHEDULES_CREATE_EVERY": "60"}
+    result = invoke(every, "schedules", "create", "default", "poll", "--task", "echo")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["interval_seconds"] == 60
 
 
 def test_bad_input_is_a_usage_error_that_stores_nothing(
@@ -200,12 +341,96 @@ def test_db_reports_server_and_schema_version_without_the_password(
     assert "s3cret" not in result.output
 
 
+def test_database_url_and_libpq_variables_name_the_database_where_tidegates_is_unset(
+    settings: Settings, tmp_path: Path
+) -> None:
+    assert settings.database_url
+    params = psycopg.conninfo.conninfo_to_dict(settings.database_url)
+    libpq = {
+        variable: str(params[key])
+        for variable, key in (
+            ("PGHOST", "host"),
+            ("PGPORT", "port"),
+            ("PGDATABASE", "dbname"),
+            ("PGUSER", "user"),
+        )
+        if key in params
+    }
+    refused = "postgresql://postgres@127.0.0.1:1/postgres"
+    for variables in (
+        {"DATABASE_URL": settings.database_url},
+        libpq,
+        {"TIDEGATE_DATABASE_URL": settings.database_url, "DATABASE_URL": refused},
+        {"DATABASE_URL": settings.database_url, "PGHOST": "no-such-host.invalid"},
+    ):
+        env = clean_environment(TIDEGATE_SCHEMA=settings.schema, **variables)
+        done, _ = tidegate("migrate", env=env, cwd=tmp_path)
+        assert done.returncode == 0, (variables, done.stderr)
+        done, _ = tidegate("db", env=env, cwd=tmp_path)
+        assert json.loads(done.stdout)["schema_version"] == latest_version(), variables
+    described = json.loads(tidegate("db", env=clean_environment(**libpq), cwd=tmp_path)[0].stdout)
+    assert described["database"].endswith(f'database "{params["dbname"]}"')
+    # A login alone (PGUSER, PGPASSWORD) names no server: still none found here.
+    done, _ = tidegate("runs", env=clean_environment(PGUSER="app"), cwd=tmp_path)
+    assert (done.returncode, done.stderr) == (1, NO_DATABASE + "\n")
+    assert "DATABASE_URL, else libpq's PG*" in help_entries()["--database-url"]
+
+
 def test_demo_works_off_every_run_and_shows_its_progress(env: dict[str, str]) -> None:
     result = invoke(env, "demo", "--runs", "40")
     assert result.exit_code == 0, result.output
     assert "runs done" in result.stdout
     assert "all 40 runs finished" in result.stdout
     assert "discarded" not in result.stdout
+
+
+def on_a_terminal(*args: str, env: dict[str, str]) -> list[str]:
+    """Run ``python -m tidegate ARGS`` with stdout and stderr on a pseudo-terminal, as a
+    person runs it; return the lines the terminal shows (a carriage return goes back to
+    the line's start, ``ESC [K`` erases to its end)."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tidegate", *args],
+        env={**env, "COLUMNS": "120"},
+        cwd=ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+    )
+    os.close(terminal)
+    written = b""
+    with contextlib.suppress(OSError):  # EIO once the process has closed the terminal
+        while chunk := os.read(controller, 65536):
+            written += chunk
+    os.close(controller)
+    assert process.wait(60) == 0, written.decode()
+    shown = []
+    text = re.sub(r"\x1b\[\?25[lh]", "", written.decode())  # the bar hides the cursor
+    for line in text.replace("\r\n", "\n").split("\n"):
+        screen = ""
+        for part in line.split("\r"):
+            if part.startswith("\x1b[K"):
+                screen = ""
+                part = part.removeprefix("\x1b[K")
+            screen = part + screen[len(part) :]
+        shown.append(screen)
+    return shown
+
+
+def test_demo_on_a_terminal_logs_above_its_progress_bar_and_not_of_its_own_tasks(
+    settings: Settings,
+) -> None:
+    env = clean_environment(
+        TIDEGATE_DATABASE_URL=settings.database_url or "", TIDEGATE_SCHEMA=settings.schema
+    )
+    shown = on_a_terminal("demo", "--runs", "80", env=env)
+    assert any(line.startswith("runs done") for line in shown), shown
+    assert any("all 80 runs finished" in line for line in shown), shown
+    # flaky_sync's first attempts fail about half the time: WARNING lines while the bar
+    # is drawn, each on a line of its own.
+    assert any("WARNING tidegate.worker" in line for line in shown), shown
+    assert not [line for line in shown if "runs done" in line and "tidegate" in line], shown
+    assert not [line for line in shown if "no live worker" in line], shown
 
 
 @pytest.mark.parametrize("log_format", ["text", "json"])
@@ -396,12 +621,7 @@ def test_a_schema_missing_older_or_newer_than_the_code_is_one_line(
 def test_commands_find_no_database_outside_a_tidegate_folder(tmp_path: Path) -> None:
     for command in (["runs"], ["enqueue", "echo"], ["migrate"], ["db"], ["projects", "list"]):
         done, seconds = tidegate(*command, env=clean_environment(), cwd=tmp_path)
-        assert_one_line_failure(
-            done,
-            seconds,
-            "tidegate: no tidegate database here or in any parent folder; start one with "
-            "tidegate serve, or set TIDEGATE_DATABASE_URL",
-        )
+        assert_one_line_failure(done, seconds, NO_DATABASE)
     assert list(tmp_path.iterdir()) == []  # and nothing was created
 
 
@@ -410,7 +630,8 @@ def test_commands_find_no_database_outside_a_tidegate_folder(tmp_path: Path) -> 
 
 def help_entries(*command: str) -> dict[str, str]:
     """Read ``tidegate COMMAND --help``: each option's entry, its wrapped lines joined."""
-    result = CliRunner().invoke(main, [*command, "--help"])
+    # Wide, so that no environment variable's name is broken across lines.
+    result = CliRunner().invoke(main, [*command, "--help"], terminal_width=400)
     assert result.exit_code == 0, result.output
     options = result.stdout.split("Options:\n", 1)[1]
     entries = re.split(r"\n(?=  -)", options.strip("\n"))
@@ -434,21 +655,37 @@ def help_defaults(*command: str) -> dict[str, tuple[str | None, str | None]]:
     return found
 
 
-COMMANDS = [
-    [],
-    *[[name] for name in ("serve", "worker", "demo", "enqueue", "runs", "migrate", "db")],
-    *[["projects", name] for name in ("create", "update", "list")],
-    *[["triggers", name] for name in ("create", "update", "list")],
-    *[["keys", name] for name in ("set", "clear", "list")],
-    ["admin-token", "rotate"],
-    *[["worker-tokens", name] for name in ("create", "list", "delete")],
-]
+def commands(
+    command: click.Command = main, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    """Every command of ``tidegate``, groups included, with the words that name it."""
+    yield path, command
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            yield from commands(sub, (*path, name))
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=lambda command: " ".join(command) or "tidegate")
-def test_help_shows_every_option_with_its_environment_variable(command: list[str]) -> None:
-    for option, (envvar, _) in help_defaults(*command).items():
-        assert envvar is not None and envvar.startswith("TIDEGATE_"), (command, option)
+@pytest.mark.parametrize(
+    ("path", "command"),
+    list(commands()),
+    ids=lambda x: (" ".join(x) or "tidegate") if isinstance(x, tuple) else "",
+)
+def test_every_option_has_a_help_text_and_its_environment_variable(
+    path: tuple[str, ...], command: click.Command
+) -> None:
+    """A setting reads TIDEGATE_<OPTION>, a command's own option TIDEGATE_<COMMAND>_<OPTION>,
+    both named after the option as typed (--every: TIDEGATE_SCHEDULES_CREATE_EVERY)."""
+    shown = help_entries(*path)
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.name == "version":
+            continue
+        option = next(name for name in param.opts if name.startswith("--"))
+        assert param.help, (path, option)
+        words = option.removeprefix("--").upper().replace("-", "_")
+        own = "_".join([*path, option.removeprefix("--")]).upper().replace("-", "_")
+        envvar = re.search(r"env var: (\w+)", shown[option])
+        assert envvar is not None, (path, option)
+        assert envvar[1] in (f"TIDEGATE_{words}", f"TIDEGATE_{own}"), (path, option)
 
 
 def test_help_shows_the_settings_defaults_each_command_uses() -> None:

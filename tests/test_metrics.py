@@ -118,7 +118,11 @@ def test_two_api_processes_report_the_same_figures(
         "INSERT INTO workers (id, host, pid, workloops) VALUES ('w', 'h', 1, %s)",
         [json.dumps([{"chain": ["manual", "*"], "slots": 4, "busy": 3}])],
     )
-    scrapes = [scrape(server) for server in (first, second, second, second, first)]
+    # The cluster's figures, not each process's own series (process_*, python_*).
+    scrapes = [
+        {k: v for k, v in scrape(server).items() if k[0].startswith("tidegate_")}
+        for server in (first, second, second, second, first)
+    ]
     for samples in scrapes[1:]:
         assert {k: v for k, v in samples.items() if k[0] not in CLOCKED} == {
             k: v for k, v in scrapes[0].items() if k[0] not in CLOCKED
@@ -144,6 +148,22 @@ async def test_metrics_need_the_super_admin_token(app: Tidegate, api: ApiServer)
         allowed = await client.get("/metrics", headers=ADMIN)
         assert allowed.status_code == 200
         assert "tidegate_fast_lane_cap" in allowed.text
+
+
+def test_metrics_carry_the_answering_processs_own_series(api: ApiServer) -> None:
+    """prometheus-client's process and platform series, as every Python exporter has:
+    the API process's memory, CPU, open files and start time, and its Python."""
+    samples = scrape(api)
+    for name in (
+        "process_resident_memory_bytes",
+        "process_cpu_seconds_total",
+        "process_open_fds",
+        "process_start_time_seconds",
+    ):
+        assert series(samples, name)[()] > 0, name
+    [labels] = series(samples, "python_info")
+    assert dict(labels)["implementation"] == "CPython"
+    assert series(samples, "python_gc_collections_total")
 
 
 def fast_lane_runs(sql: psycopg.Connection, runs: dict[str, int]) -> None:

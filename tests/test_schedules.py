@@ -505,9 +505,9 @@ def test_schedules_are_managed_with_the_cli(app: Tidegate, settings: Settings) -
     assert (tick.weekday(), tick.hour, tick.minute) == (0, 8, 0)
     assert run("pause", "default", "digest")["paused"] is True
     assert run("resume", "default", "digest")["paused"] is False
-    assert [s["name"] for s in run("list")] == ["digest"]
+    assert [s["name"] for s in run("list", "--json")] == ["digest"]
     run("delete", "default", "digest")
-    assert run("list", "default") == []
+    assert run("list", "default", "--json") == []
     for args, message in [
         (["create", "default", "x", "--task", "echo", "--cron", "bad"], "cron must be"),
         (

@@ -8,16 +8,21 @@ database, never on sleeps; each runs twice, with a local worker and with a remot
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from tests.conftest import Remote, WorkerOf, running_worker, wait_until
+import tidegate
+from tests.conftest import ROOT, Remote, WorkerOf, running_worker, wait_until
 from tidegate import NewRun, RunState, Tidegate, current_run
 from tidegate.worker import workloop
 from tidegate.worker.workloop import Pace
+
+TIDEGATE = str(Path(tidegate.__file__).parent)
 
 
 @pytest.fixture
@@ -146,6 +151,46 @@ async def test_failing_handler_is_retried_after_a_backoff_and_can_recover(
     assert done.attempted_at is not None and done.attempted_at >= waiting.scheduled_at
     assert len(done.errors) == 1 and done.errors[0]["attempt"] == 1
     assert "ValueError: boom on attempt 1" in done.errors[0]["traceback"]
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["default", "verbose"])
+async def test_a_failure_is_logged_and_stored_with_the_handlers_frames_first(
+    app: Tidegate, caplog: pytest.LogCaptureFixture, verbose: bool
+) -> None:
+    """The frames that called the handler (tidegate's, asyncio's, the thread pool's)
+    open neither the stored traceback nor the log's; with -v the log has them all."""
+    caplog.set_level(logging.DEBUG if verbose else logging.INFO, logger="tidegate")
+    on_loop = app.enqueue("fail", max_attempts=1)
+    in_thread = app.enqueue("fail_in_thread")  # retried once: one WARNING, one ERROR
+    async with running_worker(app, "manual>*:2", backoff_base_seconds=0.01):
+        await wait_until(lambda: finished(app, [on_loop.id, in_thread.id]), 10)
+
+    handlers = str(ROOT / "tests" / "apps.py")
+    for run_id, raised in ((on_loop.id, "ValueError"), (in_thread.id, "ValueError")):
+        done = app.get_run(run_id)
+        assert done is not None and done.state is RunState.DISCARDED
+        for error in done.errors:
+            first_frame = error["traceback"].splitlines()[1]
+            assert first_frame.startswith(f'  File "{handlers}"'), error["traceback"]
+            assert "asyncio" not in error["traceback"] and TIDEGATE not in error["traceback"]
+        logged = [
+            record
+            for record in caplog.records
+            if record.name == "tidegate.worker" and record.getMessage().startswith(f"run {run_id} ")
+        ]
+        assert [record.levelname for record in logged] == (
+            ["ERROR"] if run_id == on_loop.id else ["WARNING", "ERROR"]
+        )
+        for record in logged:
+            assert record.exc_info is not None
+            shown = logging.Formatter().formatException(record.exc_info)
+            assert shown.endswith(raised + ": " + done.errors[-1]["error"].split(": ", 1)[1])
+            frames = shown.splitlines()[1]
+            if verbose:
+                assert str(Path(TIDEGATE, "worker", "execute.py")) in shown, shown
+            else:
+                assert frames.startswith(f'  File "{handlers}"'), shown
+                assert TIDEGATE not in shown, shown
 
 
 async def test_handler_failing_every_attempt_is_discarded_with_all_errors_kept(

@@ -18,7 +18,12 @@ import pytest
 
 from tests.conftest import Remote, WorkerOf, wait_until
 from tidegate import NewRun, Tidegate
-from tidegate.worker.services import Periodic
+from tidegate.worker.services import (
+    FIRST_RETRY_SECONDS,
+    MAX_RETRY_SECONDS,
+    Periodic,
+    retry_delay,
+)
 
 REFUSE = """
 CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -260,3 +265,14 @@ async def test_a_run_that_comes_back_to_its_worker_replaces_its_stale_execution(
     assert len(spans) == 2 and spans[0][0] < 1.5 <= spans[1][0]
     finished = app.get_run(run.id)
     assert finished is not None and (finished.attempt, finished.errors) == (1, [])
+
+
+def test_workers_that_lose_the_database_together_do_not_retry_in_step() -> None:
+    """Every worker fails at the same moment of an outage: each one's next try falls
+    anywhere under the doubling ceiling (full jitter), so a fleet comes back spread out,
+    not at once at every doubling."""
+    for failures in range(1, 16):
+        ceiling = min(FIRST_RETRY_SECONDS * 2 ** (failures - 1), MAX_RETRY_SECONDS)
+        delays = [retry_delay(failures) for _worker in range(8)]
+        assert all(0 <= delay <= ceiling for delay in delays), (failures, delays)
+        assert len(set(delays)) == len(delays), (failures, delays)

@@ -54,6 +54,7 @@ from tidegate.errors import (
     UnavailableError,
     UnknownRunError,
 )
+from tidegate.lanes import DEFAULT_LANE as DEFAULT_LANE  # re-exported: api/, ui/ import it
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     ATTEMPTS,
@@ -81,7 +82,6 @@ from tidegate.storage.migrate import check_schema, migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
 from tidegate.tracing import Span, span
 
-DEFAULT_LANE = "default"
 MAX_DELAY = timedelta(days=3650)
 WORKER_CHECK_SECONDS = 60.0
 """How often, at most, an enqueue looks whether a live worker has its task."""
@@ -516,11 +516,12 @@ class Tidegate:
         lane: str | None = None,
         state: str | None = None,
         task: str | None = None,
+        key: str | None = None,
         limit: int = 50,
     ) -> list[Run]:
         """Return the newest runs matching every filter given."""
         return self.execute(
-            list_runs(project=project, lane=lane, state=state, task=task, limit=limit)
+            list_runs(project=project, lane=lane, state=state, task=task, key=key, limit=limit)
         )
 
     def cancel(self, run_id: int) -> Run | None:

@@ -2,8 +2,13 @@
 
 Every option also reads from an environment variable, shown in ``--help``: a setting
 from ``TIDEGATE_<OPTION>`` (``TIDEGATE_WORKLOOPS``), a command's own option from
-``TIDEGATE_<COMMAND>_<OPTION>`` (``TIDEGATE_RUNS_LIMIT``); an option given on the
-command line wins. ``--help`` shows each option's default: the value the command uses.
+``TIDEGATE_<COMMAND>_<OPTION>`` (``TIDEGATE_RUNS_LIMIT``, ``TIDEGATE_SCHEDULES_CREATE_EVERY``),
+named after the option as it is typed (each option's parameter has the option's name,
+since click names the variable after the parameter); an option given on the command line
+wins. Where ``TIDEGATE_DATABASE_URL`` is unset, ``DATABASE_URL`` or libpq's ``PG*``
+variables name the database (``tidegate.settings.conventional_database_url``). ``--help``
+shows each option's default: the value the command uses, and every option has a help
+text.
 
 Expected failures (PostgreSQL unreachable or refusing the login, a schema to migrate, no
 database found, a port in use) print one line, ``tidegate: <what, where, why>``, and exit
@@ -14,6 +19,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -29,6 +36,7 @@ from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
 from tidegate.limits import (
     ATTEMPTS,
+    MAX_ID,
     POLICY_BOUNDS,
     PRIORITY,
     PROJECT_BOUNDS,
@@ -38,13 +46,21 @@ from tidegate.limits import (
     Bound,
 )
 from tidegate.logs import configure as configure_logging
-from tidegate.runs import Run, RunState
-from tidegate.settings import DEFAULT_DATA_DIR, ENV_PREFIX, LOG_FORMATS, Settings
+from tidegate.runs import Run, RunState, retry_runs
+from tidegate.settings import (
+    DEFAULT_DATA_DIR,
+    ENV_PREFIX,
+    LOG_FORMATS,
+    Settings,
+    conventional_database_url,
+)
 from tidegate.storage.database import Database, describe_database, describe_failure
 from tidegate.storage.embedded import embedded_status, find_data_dir
 from tidegate.storage.migrate import check_schema, latest_version, schema_version
+from tidegate.storage.sql import Steps
 
 FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
+log = logging.getLogger("tidegate")
 
 SERVE_WORKLOOPS = "fast_lane:2 manual>*:8"
 """The worker ``tidegate serve`` starts: two slots that only run sync webhooks' fast-lane
@@ -131,7 +147,12 @@ def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callabl
     cls=CommandLine,
     context_settings={"auto_envvar_prefix": "TIDEGATE", "show_default": True},
 )
-@_option("--database-url", help="PostgreSQL URL; without it tidegate runs an embedded server.")
+@_option(
+    "--database-url",
+    help="PostgreSQL URL. Unset: DATABASE_URL, else libpq's PG* variables if one names a "
+    "server (PGHOST, PGHOSTADDR, PGPORT, PGDATABASE, PGSERVICE; with PGUSER, PGPASSWORD "
+    "and the rest); without any, tidegate runs an embedded server.",
+)
 @_option("--require-database-url", type=bool, help="Without a URL, fail: no embedded server.")
 @_option("--schema", help="Schema holding tidegate's tables.")
 @_option(
@@ -184,6 +205,8 @@ def _settings(ctx: click.Context, /, *, finds_database: bool = True, **options: 
     must not start an empty database there and report that it holds nothing.
     """
     given = dict(ctx.obj["options"])
+    if given["database_url"] is None:
+        given["database_url"] = conventional_database_url(os.environ)
     if finds_database and given["database_url"] is None and given["data_dir"] is None:
         given["data_dir"] = find_data_dir(DEFAULT_DATA_DIR, Path.cwd())
         if given["data_dir"] is None:
@@ -259,8 +282,8 @@ def migrate(ctx: click.Context) -> None:
 
 @main.command()
 @click.argument("task")
-@_command_option("--args", "args_json", default="{}", help="The run's args, a JSON object.")
-@_command_option("--project", default="default")
+@_command_option("--args", default="{}", help="The run's args, a JSON object.")
+@_command_option("--project", default="default", help="The project (tenant) the run is of.")
 @_command_option("--lane", default="manual", help="Lane: a run started by hand is 'manual'.")
 @_command_option("--key", help="Concurrency/fairness key.  [default: the project]")
 @_command_option(
@@ -274,61 +297,130 @@ def migrate(ctx: click.Context) -> None:
     help="[default: the task's, or TIDEGATE_MAX_ATTEMPTS]",
 )
 @click.pass_context
-def enqueue(ctx: click.Context, /, task: str, args_json: str, **options: Any) -> None:
-    """Enqueue one run of TASK and print it as JSON."""
+def enqueue(ctx: click.Context, /, task: str, args: str, **options: Any) -> None:
+    """Enqueue one run of TASK and print it as JSON, as it stands once enqueued.
+
+    The run is read again after the enqueue has committed: a worker may have taken it,
+    or finished it, by then, and the state printed is the one it has.
+    """
     try:
-        args = json.loads(args_json)
+        loaded = json.loads(args)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
     with _open(ctx) as app:
         try:
-            run = app.enqueue_many([NewRun(task, args, **options)])[0]
+            run = app.enqueue_many([NewRun(task, loaded, **options)])[0]
         except TidegateError as error:
             raise click.UsageError(str(error)) from None
-    click.echo(json.dumps(run.to_json(), indent=2))
+        run = app.get_run(run.id) or run  # or pruned meanwhile: as enqueued
+    _echo(run.to_json())
 
 
-@main.command()
-@click.argument("run_id", type=int, required=False)
-@_command_option("--project")
-@_command_option("--lane")
-@_command_option("--state", type=click.Choice([s.value for s in RunState]))
-@_command_option("--task")
-@_command_option("--limit", type=click.IntRange(1, 10_000), default=20)
-@_command_option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+RUN_ID = click.IntRange(1, MAX_ID)
+
+
+class RunsCommands(click.Group):
+    """``tidegate runs``: with no command the newest runs, with a run's id that run."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0].isdigit():  # tidegate runs 42: tidegate runs show 42
+            return "show", self.commands["show"], args
+        return super().resolve_command(ctx, args)
+
+
+@main.group(cls=RunsCommands, invoke_without_command=True)
+@_command_option("--project", help="Only the runs of this project.")
+@_command_option("--lane", help="Only the runs in this lane.")
+@_command_option("--key", help="Only the runs of this concurrency/fairness key.")
+@_command_option(
+    "--state", type=click.Choice([s.value for s in RunState]), help="Only the runs in this state."
+)
+@_command_option("--task", help="Only the runs of this task.")
+@_command_option(
+    "--limit", type=click.IntRange(1, 10_000), default=20, help="The most runs listed."
+)
+@_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def runs(ctx: click.Context, /, run_id: int | None, as_json: bool, **filters: Any) -> None:
-    """List the newest runs, or show the run RUN_ID in full."""
+def runs(ctx: click.Context, /, json: bool, **filters: Any) -> None:
+    """List the newest runs; show, cancel or retry one (tidegate runs RUN_ID: show it)."""
+    if ctx.invoked_subcommand is not None:
+        return
     with _open(ctx) as app:
-        if run_id is not None:
-            run = app.get_run(run_id)
-            if run is None:
-                raise Failure(f"no run {run_id}")
-            click.echo(json.dumps(run.to_json(), indent=2))
-            return
         found = app.list_runs(**filters)
-    if as_json:
-        click.echo(json.dumps([run.to_json() for run in found], indent=2))
+    if json:
+        _echo([run.to_json() for run in found])
     else:
-        click.echo(_table(found))
+        click.echo(_table(RUN_COLUMNS, [_run_row(run) for run in found], "runs"))
 
 
-def _table(found: list[Run]) -> str:
-    """Lay runs out in columns; REASON, last, says why a run waits (most have none)."""
-    header = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON")
-    rows = [
-        (
-            str(r.id),
-            r.task,
-            r.lane,
-            r.key,
-            r.state,
-            f"{r.attempt}/{r.max_attempts}",
-            r.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
-            r.reason or "",
-        )
-        for r in found
-    ]
+@runs.command("show")
+@click.argument("run_id", type=RUN_ID)
+@click.pass_context
+def runs_show(ctx: click.Context, /, run_id: int) -> None:
+    """Show run RUN_ID in full, as JSON."""
+    with _open(ctx) as app:
+        run = app.get_run(run_id)
+    if run is None:
+        raise Failure(f"no run {run_id}")
+    _echo(run.to_json())
+
+
+@runs.command("cancel")
+@click.argument("run_id", type=RUN_ID)
+@click.pass_context
+def runs_cancel(ctx: click.Context, /, run_id: int) -> None:
+    """Cancel run RUN_ID if it has not finished, and print it. A running attempt's worker
+    learns it at its next heartbeat: an async handler is cancelled, a sync one's outcome
+    is not recorded (as POST /runs/{id}/cancel and the dashboard's Cancel)."""
+    with _open(ctx) as app:
+        cancelled = app.cancel(run_id)
+        run = cancelled or app.get_run(run_id)
+    if run is None:
+        raise Failure(f"no run {run_id}")
+    if cancelled is None:
+        raise Failure(f"run {run_id} has finished already ({run.state})")
+    _echo(run.to_json())
+
+
+@runs.command("retry")
+@click.argument("run_id", type=RUN_ID)
+@click.pass_context
+def runs_retry(ctx: click.Context, /, run_id: int) -> None:
+    """Run the finished run RUN_ID again, in the manual lane, and print it (as POST
+    /runs/{id}/retry and the dashboard's Retry)."""
+    with _open(ctx) as app:
+        retried = app.execute(retry_runs([run_id], "manual", channel=app.available_channel))
+        run = retried[0] if retried else app.get_run(run_id)
+    if run is None:
+        raise Failure(f"no run {run_id}")
+    if not retried:
+        raise Failure(f"run {run_id} has not finished ({run.state})")
+    _echo(run.to_json())
+
+
+RUN_COLUMNS = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON")
+"""The runs table; REASON, last, says why a run waits (most have none)."""
+
+
+def _run_row(run: Run) -> tuple[str, ...]:
+    return (
+        str(run.id),
+        run.task,
+        run.lane,
+        run.key,
+        run.state,
+        f"{run.attempt}/{run.max_attempts}",
+        run.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
+        run.reason or "",
+    )
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], things: str) -> str:
+    """Lay ``rows`` out in columns under ``header``; none: a line that says so."""
+    if not rows:
+        return f"no {things}"
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -356,17 +448,24 @@ def db(ctx: click.Context) -> None:
 
 
 @main.command()
-@_command_option("--runs", "count", type=click.IntRange(1, 100_000), default=200)
+@_command_option(
+    "--runs", type=click.IntRange(1, 100_000), default=200, help="How many runs to enqueue."
+)
 @click.pass_context
-def demo(ctx: click.Context, /, count: int) -> None:
+def demo(ctx: click.Context, /, runs: int) -> None:
     """Enqueue runs across lanes, run a worker until they finish, show the result."""
     from tidegate.demo import run_demo
 
-    run_demo(_settings(ctx, finds_database=False, workloops=DEMO_WORKLOOPS), count)
+    run_demo(_settings(ctx, finds_database=False, workloops=DEMO_WORKLOOPS), runs)
 
 
 @main.command()
-@_option("--role", type=click.Choice(["all", "api", "worker"]), default="all")
+@_option(
+    "--role",
+    type=click.Choice(["all", "api", "worker"]),
+    default="all",
+    help="What this process runs: the HTTP API, a worker, or both.",
+)
 @_option("--host", help="Address the HTTP API listens on.")
 @_option("--port", help="Port of the HTTP API (0: any free one).")
 @_option("--api-processes", help="HTTP API processes.")
@@ -513,10 +612,32 @@ def triggers() -> None:
     """Create, change and list the webhook triggers of projects."""
 
 
+_MODE_HELP = "async: answered 202 at once; sync: the caller waits for the run's result."
+
+
+def _show_trigger(ctx: click.Context, steps: Steps[dict[str, Any]]) -> None:
+    """Run ``steps``, which make or change a trigger, and print it with its URL path and
+    its warnings, as the admin API answers; each warning also goes to the log (stderr),
+    where a person sees it."""
+    from tidegate.projects import trigger_warnings
+
+    live_seconds = 3 * _settings(ctx).heartbeat_seconds
+
+    def shown() -> Steps[dict[str, Any]]:
+        trigger = yield from steps
+        warnings = yield from trigger_warnings(trigger, live_seconds)
+        return {**trigger, "url": f"/hooks/{trigger['token']}", "warnings": warnings}
+
+    answer = _admin(ctx, shown())
+    for warning in answer["warnings"]:
+        log.warning("trigger %d (%s): %s", answer["id"], answer["name"], warning)
+    _echo(answer)
+
+
 @triggers.command("create")
 @click.argument("project_id")
 @click.argument("name")
-@_command_option("--mode", type=click.Choice(["async", "sync"]), required=True)
+@_command_option("--mode", type=click.Choice(["async", "sync"]), required=True, help=_MODE_HELP)
 @_command_option("--task", required=True, help="The task each webhook runs.")
 @_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
 @_trigger_numbers
@@ -524,31 +645,32 @@ def triggers() -> None:
 def triggers_create(
     ctx: click.Context, /, project_id: str, name: str, mode: str, task: str, **options: Any
 ) -> None:
-    """Create trigger NAME of PROJECT_ID; prints its URL path."""
+    """Create trigger NAME of PROJECT_ID; prints it with its URL path, and warns when no
+    live worker has its task."""
     from tidegate.projects import create_trigger
 
     given = {k: v for k, v in options.items() if v is not None}
-    created = _admin(ctx, create_trigger(project_id, name, mode=mode, task=task, **given))
-    _echo({**created, "url": f"/hooks/{created['token']}"})
+    _show_trigger(ctx, create_trigger(project_id, name, mode=mode, task=task, **given))
 
 
 @triggers.command("update")
 @click.argument("trigger_id", type=int)
-@_command_option("--mode", type=click.Choice(["async", "sync"]))
-@_command_option("--task")
-@_command_option("--secret")
+@_command_option("--mode", type=click.Choice(["async", "sync"]), help=_MODE_HELP)
+@_command_option("--task", help="The task each webhook runs.")
+@_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
 @_trigger_numbers
-@_command_option("--enabled/--disabled", default=None)
+@_command_option(
+    "--enabled/--disabled",
+    default=None,
+    help="A disabled trigger answers 404, as if it did not exist.",
+)
 @click.pass_context
 def triggers_update(ctx: click.Context, /, trigger_id: int, **changes: Any) -> None:
-    """Change trigger TRIGGER_ID."""
+    """Change trigger TRIGGER_ID; prints it, and warns when no live worker has its task."""
     from tidegate.projects import update_trigger
 
-    _echo(
-        _admin(
-            ctx, update_trigger(trigger_id, **{k: v for k, v in changes.items() if v is not None})
-        )
-    )
+    given = {k: v for k, v in changes.items() if v is not None}
+    _show_trigger(ctx, update_trigger(trigger_id, **given))
 
 
 @triggers.command("rotate")
@@ -560,8 +682,7 @@ def triggers_rotate(ctx: click.Context, /, project_id: str, name: str) -> None:
     old one 404 within a second (each keeps a trigger it looked up for that long)."""
     from tidegate.projects import rotate_trigger_token
 
-    rotated = _admin(ctx, rotate_trigger_token(project_id, name))
-    _echo({**rotated, "url": f"/hooks/{rotated['token']}"})
+    _show_trigger(ctx, rotate_trigger_token(project_id, name))
 
 
 @triggers.command("list")
@@ -740,23 +861,35 @@ def schedules() -> None:
 @_command_option("--cron", help="Cron expression: 5 fields, 6 with seconds first, or @daily.")
 @_command_option(
     "--every",
-    "interval_seconds",
     type=bounded(SCHEDULE_BOUNDS["interval_seconds"]),
     help="Or: seconds between ticks.",
 )
 @_command_option("--timezone", default="UTC", help="IANA time zone the cron is read in.")
-@_command_option("--args", "args_json", default="{}", help="The runs' args, a JSON object.")
+@_command_option("--args", default="{}", help="The runs' args, a JSON object.")
 @_command_option("--lane", help="Lane of its runs.  [default: the task's]")
 @_command_option("--key", help="Concurrency/fairness key.  [default: the task's, or the project]")
-@_command_option("--priority", type=bounded(SCHEDULE_BOUNDS["priority"]))
-@_command_option("--max-attempts", type=bounded(SCHEDULE_BOUNDS["max_attempts"]))
+@_command_option(
+    "--priority",
+    type=bounded(SCHEDULE_BOUNDS["priority"]),
+    help="0 runs first.  [default: the task's, or 0]",
+)
+@_command_option(
+    "--max-attempts",
+    type=bounded(SCHEDULE_BOUNDS["max_attempts"]),
+    help="[default: the task's, or TIDEGATE_MAX_ATTEMPTS]",
+)
 @_command_option(
     "--catch-up",
     type=click.Choice(["once", "all", "skip"]),
     default="once",
     help="After downtime: the newest missed tick, each one, or none.",
 )
-@_command_option("--catch-up-limit", type=bounded(SCHEDULE_BOUNDS["catch_up_limit"]), default=100)
+@_command_option(
+    "--catch-up-limit",
+    type=bounded(SCHEDULE_BOUNDS["catch_up_limit"]),
+    default=100,
+    help="With --catch-up all: the most missed ticks run.",
+)
 @_command_option(
     "--overlap",
     type=click.Choice(["allow", "skip"]),
@@ -766,26 +899,64 @@ def schedules() -> None:
 @_command_option("--paused", is_flag=True, help="Create it paused.")
 @click.pass_context
 def schedules_create(
-    ctx: click.Context, /, project_id: str, name: str, task: str, args_json: str, **options: Any
+    ctx: click.Context,
+    /,
+    project_id: str,
+    name: str,
+    task: str,
+    args: str,
+    every: float | None,
+    **options: Any,
 ) -> None:
     """Create schedule NAME of PROJECT_ID; prints it with its first tick."""
     from tidegate.schedules import create_schedule
 
     try:
-        args = json.loads(args_json)
+        loaded = json.loads(args)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
-    _echo(_admin(ctx, create_schedule(project_id, name, task, args=args, **options)))
+    steps = create_schedule(project_id, name, task, args=loaded, interval_seconds=every, **options)
+    _echo(_admin(ctx, steps))
+
+
+SCHEDULE_COLUMNS = ("PROJECT", "NAME", "TASK", "WHEN", "NEXT TICK", "LAST RUN", "LAST ERROR")
+"""The schedules table; LAST ERROR, last, says why the last tick made no run."""
+
+
+def _schedule_row(schedule: dict[str, Any]) -> tuple[str, ...]:
+    if schedule["cron"] is not None:
+        when = f"{schedule['cron']} ({schedule['timezone']})"
+    else:
+        when = f"every {schedule['interval_seconds']:g}s"
+    next_tick = "paused" if schedule["paused"] else f"{schedule['next_tick']:%Y-%m-%d %H:%M:%S}"
+    last_run = ""
+    if schedule["last_run_id"] is not None:
+        last_run = f"{schedule['last_run_id']} {schedule['last_run_state'] or 'pruned'}"
+    return (
+        schedule["project"],
+        schedule["name"],
+        schedule["task"],
+        when,
+        next_tick,
+        last_run,
+        schedule["last_error"] or "",
+    )
 
 
 @schedules.command("list")
 @click.argument("project_id", required=False)
+@_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def schedules_list(ctx: click.Context, /, project_id: str | None) -> None:
-    """List schedules (of PROJECT_ID, or of all): next tick, last run and its state."""
+def schedules_list(ctx: click.Context, /, project_id: str | None, json: bool) -> None:
+    """List schedules (of PROJECT_ID, or of all): when they tick, the next tick, the last
+    run and its state; times in UTC."""
     from tidegate.schedules import list_schedules
 
-    _echo(_admin(ctx, list_schedules(project_id)))
+    found = _admin(ctx, list_schedules(project_id))
+    if json:
+        _echo(found)
+    else:
+        click.echo(_table(SCHEDULE_COLUMNS, [_schedule_row(s) for s in found], "schedules"))
 
 
 @schedules.command("pause")

@@ -2,14 +2,20 @@
 
 The demo's tasks exist only in its own worker, which claims only runs of tasks it has
 (and the workers of a ``tidegate serve`` on the same database only theirs), so the demo
-works beside a running server. A progress bar counts the runs done while it waits.
+works beside a running server. The worker starts first, and the runs are enqueued once
+it is live; a progress bar counts the runs done while it waits, and the worker's log
+lines (the flaky task's failures) are written above it, never on its line.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import random
 import time
+from collections.abc import Iterator
+from typing import IO
 
 import click
 
@@ -67,16 +73,9 @@ def run_demo(settings: Settings, count: int) -> None:
             batch.append(NewRun("flaky_sync", {"account": f"acct{i}"}, lane="manual"))
         else:
             batch.append(NewRun("poll_status", {"job": f"export-{i}"}, delay=0.2))
-    started = time.monotonic()
-    runs = app.enqueue_many(batch)
-    click.echo(
-        f"enqueued {len(runs)} runs in one statement; starting a worker ({settings.workloops});\n"
-        "flaky_sync fails about half of its first attempts on purpose: the WARNING lines"
-    )
-    ids = [run.id for run in runs]
-    asyncio.run(_work_until_finished(app, settings, ids))
+    ids, seconds = asyncio.run(_work_off(app, settings, batch))
     finished = [app.get_run(run_id) for run_id in ids]
-    click.echo(f"\nall {len(ids)} runs finished in {time.monotonic() - started:.2f}s\n")
+    click.echo(f"\nall {len(ids)} runs finished in {seconds:.2f}s\n")
     summary: dict[tuple[str, str, str], int] = {}
     for run in finished:
         assert run is not None
@@ -88,20 +87,74 @@ def run_demo(settings: Settings, count: int) -> None:
     app.close()
 
 
-async def _work_until_finished(app: Tidegate, settings: Settings, ids: list[int]) -> None:
+async def _work_off(
+    app: Tidegate, settings: Settings, batch: list[NewRun]
+) -> tuple[list[int], float]:
+    """Start the worker, enqueue ``batch`` once it is live, and wait with a progress bar
+    until every run has finished; return the runs' ids and the seconds they took.
+
+    The worker starts first, so that the enqueue finds a live worker with each of the
+    demo's tasks (and does not warn that none has them), and its start line is written
+    before the bar is drawn.
+    """
     stop = asyncio.Event()
-    worker = asyncio.create_task(Worker(app, settings).run(stop))
+    worker = Worker(app, settings)
+    running = asyncio.create_task(worker.run(stop))
+    live = asyncio.create_task(worker.started.wait())
+    await asyncio.wait([running, live], return_when=asyncio.FIRST_COMPLETED)
+    live.cancel()
+    if running.done():
+        await running  # it could not start: its error
+    started = time.monotonic()
+    runs = await app.aenqueue_many(batch)
+    click.echo(
+        f"enqueued {len(runs)} runs in one statement to a worker ({settings.workloops});\n"
+        "flaky_sync fails about half of its first attempts on purpose: the WARNING lines"
+    )
+    ids = [run.id for run in runs]
     waiting = set(ids)
-    with click.progressbar(length=len(ids), label="runs done") as bar:
-        while waiting and not worker.done():
+    with click.progressbar(length=len(ids), label="runs done") as bar, _above(bar.file):
+        while waiting and not running.done():
             finished = await app.aexecute(_finished(waiting))
             waiting -= finished
             bar.update(len(finished))
             if waiting:
                 await asyncio.sleep(POLL_SECONDS)
+    seconds = time.monotonic() - started
     stop.set()
-    await worker
+    await running
     await app.aclose()
+    return ids, seconds
+
+
+@contextlib.contextmanager
+def _above(terminal: IO[str]) -> Iterator[None]:
+    """While the progress bar is drawn on ``terminal``, clear its line before each log
+    line, so that the log line starts a line of its own instead of running on after
+    the bar; the bar is drawn again below it at its next change."""
+    if not terminal.isatty():
+        yield  # no bar is drawn: click writes its label once
+        return
+    clear = _ClearLine(terminal)
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(clear)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(clear)
+
+
+class _ClearLine(logging.Filter):
+    def __init__(self, terminal: IO[str]) -> None:
+        super().__init__()
+        self.terminal = terminal
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.terminal.write("\r\x1b[K")  # to the line's start, erase to its end
+        self.terminal.flush()
+        return True
 
 
 def _finished(ids: set[int]) -> Steps[set[int]]:

@@ -20,7 +20,9 @@ from tidegate.limits import LANE_NAME, MAX_SLOTS, whole_number
 WILDCARD = "*"
 DEFAULT_CHAIN: tuple[str, ...] = ("manual", WILDCARD)
 FAST_LANE = "fast_lane"
-BUILTIN_LANES = frozenset({FAST_LANE, "manual", "default"})
+DEFAULT_LANE = "default"
+"""The lane of a run whose task names none, outside a sync webhook's and a manual run's."""
+BUILTIN_LANES = frozenset({FAST_LANE, "manual", DEFAULT_LANE})
 """Lanes tidegate itself puts runs in: sync webhooks, manual retries, everything else."""
 
 

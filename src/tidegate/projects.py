@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 
 from tidegate import forward
 from tidegate.errors import InputError, TidegateError
+from tidegate.lanes import DEFAULT_LANE, FAST_LANE
 from tidegate.limits import (
     PROJECT_BOUNDS,
     TRIGGER_BOUNDS,
@@ -169,6 +170,26 @@ def create_trigger(
     params.update({field: options.get(field) for field in TRIGGER_FIELDS if field not in params})
     rows = yield Statement("insert_trigger", params, dict_row)
     return shown_trigger(rows[0])
+
+
+def trigger_warnings(trigger: dict[str, Any], live_seconds: float) -> Steps[list[str]]:
+    """Say what is wrong with a trigger that is not an error: no live worker (one that
+    beat within ``live_seconds``) has its task for the lane its webhooks take.
+
+    A fleet may be mid-deploy, so the trigger is made all the same; but a typo in a
+    task's name would otherwise only show once webhooks wait (async) or are refused
+    (sync). The admin API and ``tidegate triggers`` show these.
+    """
+    lane = FAST_LANE if trigger["mode"] == "sync" else DEFAULT_LANE
+    params = {"lanes": [lane], "tasks": [trigger["task"]], "live_seconds": live_seconds}
+    [(_, _, has_worker)] = yield Statement("find_task_workers", params)
+    if has_worker:
+        return []
+    waits = "are refused (503)" if lane == FAST_LANE else "wait"
+    return [
+        f"no live worker has task {trigger['task']!r} for lane {lane!r}: its webhooks "
+        f"{waits} until one starts"
+    ]
 
 
 def update_trigger(

@@ -226,10 +226,18 @@ def list_runs(
     lane: str | None = None,
     state: str | None = None,
     task: str | None = None,
+    key: str | None = None,
     limit: int = 50,
 ) -> Steps[list[Run]]:
     """Read the newest runs matching every filter given (``None``: any)."""
-    params = {"project": project, "lane": lane, "state": state, "task": task, "limit": limit}
+    params = {
+        "project": project,
+        "lane": lane,
+        "state": state,
+        "task": task,
+        "key": key,
+        "limit": limit,
+    }
     return (yield Statement("list_runs", params, run_row))
 
 

@@ -1,7 +1,9 @@
 """One settings object for the library, the worker and the CLI.
 
 Every option has a ``DEFAULT_*`` value, can be set from a ``TIDEGATE_<NAME>`` environment
-variable (``TIDEGATE_LEASE_SECONDS=10``), and from the CLI, which overrides both.
+variable (``TIDEGATE_LEASE_SECONDS=10``), and from the CLI, which overrides both. The
+database also comes from ``DATABASE_URL`` or libpq's ``PG*`` variables where
+``TIDEGATE_DATABASE_URL`` is unset (``conventional_database_url``).
 Durations carry their unit in the name. Every number has its range in
 ``tidegate.limits.SETTING_BOUNDS``, which the CLI's options take too.
 """
@@ -64,6 +66,9 @@ DEFAULT_MAX_STREAMS_PER_CALLER = 100
 LOG_FORMATS = ("text", "json")
 
 ENV_PREFIX = "TIDEGATE_"
+LIBPQ_SERVER_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGSERVICE")
+"""libpq's variables that name a server; the others (``PGUSER``, ``PGPASSWORD``,
+``PGSSLMODE``, ...) only say how to connect to one, and do not ask for it alone."""
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]*")
 _SERVER_URL = re.compile(r"https?://[^\s/?#]+(/[^\s?#]*)?")
 
@@ -73,7 +78,8 @@ class Settings:
     """Validated configuration; build it with ``Settings.from_env(**overrides)``."""
 
     database_url: str | None = None
-    """PostgreSQL URL; ``None`` starts the embedded server under ``data_dir``."""
+    """PostgreSQL URL (or conninfo string; ``""``: libpq's defaults, from the ``PG*``
+    variables); ``None`` starts the embedded server under ``data_dir``."""
     require_database_url: bool = False
     """Make a missing ``database_url`` an error (``ConfigError``, at construction) rather
     than the embedded server: for deployments, where a forgotten variable must not
@@ -212,12 +218,28 @@ class Settings:
             raw = environ.get(ENV_PREFIX + f.name.upper())
             if raw is not None and raw != "":
                 values[f.name] = _convert(f, raw)
+        if "database_url" not in values:
+            values["database_url"] = conventional_database_url(environ)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
         """Return a copy with some options changed (validated again)."""
         return dataclasses.replace(self, **changes)
+
+
+def conventional_database_url(environ: Mapping[str, str]) -> str | None:
+    """Return the database the ecosystem's variables name, for where
+    ``TIDEGATE_DATABASE_URL`` is unset: ``DATABASE_URL`` (as Heroku, Render, Django and
+    Rails read it); else, if a libpq variable names a server (``LIBPQ_SERVER_VARIABLES``),
+    ``""``, the empty connection string, which libpq completes from every ``PG*``
+    variable as ``psql`` does; else ``None``: the embedded server.
+    """
+    if environ.get("DATABASE_URL"):
+        return environ["DATABASE_URL"]
+    if any(environ.get(name) for name in LIBPQ_SERVER_VARIABLES):
+        return ""
+    return None
 
 
 def _convert(f: dataclasses.Field[Any], raw: str) -> Any:

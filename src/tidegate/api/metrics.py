@@ -3,7 +3,8 @@
 Every figure is read from PostgreSQL when Prometheus asks (``tidegate.figures``:
 ``read_figures``), so every API process reports the same ones; each statement's cost is
 bounded whatever the number of runs, lanes or projects (docs/metrics.md says how each
-figure is computed, what it costs, how exact it is). This module writes them out.
+figure is computed, what it costs, how exact it is). This module writes them out, with
+the ``process_*`` and ``python_*`` series of the API process that answers.
 
 The route needs the super admin's token (the ``Guard`` checks it): the figures name
 projects.
@@ -16,7 +17,13 @@ from itertools import accumulate
 
 from fastapi import APIRouter, Request, Security
 from fastapi.responses import Response
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -220,11 +227,22 @@ def histogram(
     return family
 
 
+PROCESS = CollectorRegistry(auto_describe=False)
+"""prometheus-client's own series of the process that answers the scrape (the
+``process_*`` CPU, memory, file descriptors and start time, ``python_info``,
+``python_gc_*``), as every Python exporter has them: per API process, unlike the
+cluster's figures."""
+ProcessCollector(registry=PROCESS)
+PlatformCollector(registry=PROCESS)
+GCCollector(registry=PROCESS)
+
+
 def exposition(figures: Figures) -> bytes:
-    """Render ``figures`` in Prometheus' text format."""
+    """Render ``figures``, then the answering process's own series (``PROCESS``), in
+    Prometheus' text format."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FiguresCollector(figures))
-    return generate_latest(registry)
+    return generate_latest(registry) + generate_latest(PROCESS)
 
 
 @router.get(

@@ -206,8 +206,9 @@ def describe_database(settings: Settings, *, name: bool = False) -> str:
         if host.startswith("/")
         else f"PostgreSQL at {host}:{port}"
     )
-    if name and params.get("dbname"):
-        where += f', database "{params["dbname"]}"'
+    dbname = params.get("dbname") or os.environ.get("PGDATABASE")
+    if name and dbname:
+        where += f', database "{dbname}"'
     return where
 
 

@@ -19,8 +19,9 @@ import logging
 import random
 import traceback
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 from tidegate.app import Task
@@ -43,6 +44,8 @@ log = logging.getLogger("tidegate.worker")
 MAX_TRACEBACK_CHARS = 4000
 MAX_MESSAGE_CHARS = 2000
 
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -64,6 +67,9 @@ class Outcome:
     """What the attempt tells of the key's downstream, for its circuit breaker:
     ``"success"``, ``"failure"``, or ``None`` (a Retry, Cancel or Discard tells nothing:
     bad input must not open its tenant's circuit)."""
+    raised: ExcInfo | None = field(default=None, repr=False, compare=False)
+    """What the handler raised, with its traceback from the handler's own frame on
+    (``handler_traceback``), for the worker's log line; never written."""
 
     def as_row(self) -> dict[str, Any]:
         """Return the outcome as one element of ``complete_runs``' JSON batch."""
@@ -171,12 +177,35 @@ def backoff_seconds(attempt: int, settings: Settings) -> float:
     return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
+def handler_traceback(exc: BaseException, handler: Any) -> ExcInfo:
+    """Return ``exc`` with its traceback from the frame of ``handler`` on.
+
+    The frames above it are tidegate's own, asyncio's and the thread pool's, which
+    called the handler: the same for every failure, they would open each stored error
+    and log line before the frames that tell what went wrong. A failure raised before
+    the handler ran (arguments it does not take) keeps the whole traceback.
+    """
+    code = getattr(handler, "__code__", None)
+    frames = exc.__traceback__
+    while frames is not None and frames.tb_frame.f_code is not code:
+        frames = frames.tb_next
+    return type(exc), exc, frames or exc.__traceback__
+
+
 def _failed(
     run: Run, task: Task | None, settings: Settings, message: str, exc: BaseException | None
 ) -> Outcome:
-    error, message = _error(run, message, exc)
+    raised = None if exc is None else handler_traceback(exc, task.fn if task else None)
+    error, message = _error(run, message, raised)
     if run.attempt >= run.max_attempts:
-        return _finished(run, RunState.DISCARDED, error=error, message=message, verdict="failure")
+        return _finished(
+            run,
+            RunState.DISCARDED,
+            error=error,
+            message=message,
+            verdict="failure",
+            raised=raised,
+        )
     return _finished(
         run,
         RunState.SCHEDULED,
@@ -184,6 +213,7 @@ def _failed(
         message=message,
         delay_seconds=_backoff(run, task, settings),
         verdict="failure",
+        raised=raised,
     )
 
 
@@ -261,6 +291,7 @@ def _finished(
     delay_seconds: float = 0.0,
     max_attempts: int | None = None,
     verdict: str | None = None,
+    raised: ExcInfo | None = None,
 ) -> Outcome:
     return Outcome(
         run_id=run.id,
@@ -273,11 +304,12 @@ def _finished(
         delay_seconds=delay_seconds,
         max_attempts=max_attempts or run.max_attempts,
         verdict=verdict,
+        raised=raised,
     )
 
 
 def _error(
-    run: Run, message: str, exc: BaseException | None = None, *, details: Any = None
+    run: Run, message: str, raised: ExcInfo | None = None, *, details: Any = None
 ) -> tuple[str, str]:
     """Return an attempt's error entry (JSON text) and its one-line message."""
     message = _storable(message)[:MAX_MESSAGE_CHARS]
@@ -286,10 +318,9 @@ def _error(
         "at": datetime.now(UTC).isoformat(),
         "error": message,
     }
-    if exc is not None:
-        entry["traceback"] = _storable("".join(traceback.format_exception(exc)))[
-            -MAX_TRACEBACK_CHARS:
-        ]
+    if raised is not None:
+        shown = "".join(traceback.format_exception(*raised))
+        entry["traceback"] = _storable(shown)[-MAX_TRACEBACK_CHARS:]
     if details is not None:
         entry["details"] = details
     return json.dumps(entry), message

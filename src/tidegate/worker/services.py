@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
@@ -63,8 +64,15 @@ def passing(error: Exception) -> bool:
 
 
 def retry_delay(failures: int, first: float = FIRST_RETRY_SECONDS) -> float:
-    """Seconds to wait after ``failures`` failures in a row: doubling, capped."""
-    return float(min(first * 2.0 ** (failures - 1), MAX_RETRY_SECONDS))
+    """Seconds to wait after ``failures`` failures in a row: a random share of a ceiling
+    that doubles with each failure, up to ``MAX_RETRY_SECONDS`` ("full jitter").
+
+    Every worker loses the database at the same moment of an outage; with the ceiling
+    itself as the delay, they would all come back at the same moment too, and again at
+    each doubling. Spread over the whole interval, their retries arrive as a trickle the
+    server can take.
+    """
+    return random.uniform(0.0, min(first * 2.0 ** (failures - 1), MAX_RETRY_SECONDS))
 
 
 def describe(error: Exception) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -28,7 +29,7 @@ from tidegate.lanes import WorkloopSpec, chain_admits
 from tidegate.runs import Run, RunState, _progress
 from tidegate.tracing import span
 from tidegate.worker.counters import outcome_label
-from tidegate.worker.execute import Outcome, execute
+from tidegate.worker.execute import ExcInfo, Outcome, execute
 from tidegate.worker.link import DatabaseLink
 from tidegate.worker.maintenance import log_parked
 from tidegate.worker.services import LINK_ERRORS, Service, describe, passing, retry_delay
@@ -277,6 +278,10 @@ class Workloop(Service):
         seconds = time.monotonic() - started
         self.pace.ran(seconds)
         _log_outcome(run, outcome, label)
+        if outcome.raised is not None:
+            # What is written needs none of the handler's frames, nor the locals they
+            # hold, which would otherwise stay alive while the outcome waits in a batch.
+            outcome = dataclasses.replace(outcome, raised=None)
         self.unwritten += 1
         counted = functools.partial(self.written, run, outcome, seconds)
         if run.lane == "fast_lane":
@@ -389,7 +394,13 @@ def _resolve(future: asyncio.Future[bool], value: bool) -> None:
 
 def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
     """Log every attempt that did not succeed: failures, retries to come, discards. A
-    JSON line carries the run's fields and the outcome, named as in the metrics."""
+    JSON line carries the run's fields and the outcome, named as in the metrics.
+
+    A handler that raised has its traceback under the line, from the handler's own
+    frame on, as its stored error has it (``handler_traceback``); with ``-v``
+    (tidegate's loggers at DEBUG), the whole of it, the frames that called the handler
+    included.
+    """
     state = outcome.state
     if state is RunState.SUCCEEDED or (state is RunState.SCHEDULED and outcome.message is None):
         return  # succeeded, or a retry its handler asked for: nothing to tell
@@ -397,8 +408,13 @@ def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
         f"run {run.id} (task {run.task}, key {run.key}) attempt {run.attempt}/{run.max_attempts}"
     )
     extra = {**run.fields, "outcome": label}
+    exc_info: ExcInfo | BaseException | None = outcome.raised
+    if outcome.raised is not None and log.isEnabledFor(logging.DEBUG):
+        exc_info = outcome.raised[1]  # its own traceback: the whole of it
     if state is RunState.DISCARDED:
-        log.error("%s failed, discarded: %s", where, outcome.message, extra=extra)
+        log.error(
+            "%s failed, discarded: %s", where, outcome.message, extra=extra, exc_info=exc_info
+        )
     elif state is RunState.SCHEDULED:
         log.warning(
             "%s failed, retrying in %.1fs: %s",
@@ -406,6 +422,7 @@ def _log_outcome(run: Run, outcome: Outcome, label: str) -> None:
             outcome.delay_seconds,
             outcome.message,
             extra=extra,
+            exc_info=exc_info,
         )
     elif state is RunState.CANCELLED:
         log.info("%s cancelled by its handler: %s", where, outcome.message, extra=extra)

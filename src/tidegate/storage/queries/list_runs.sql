@@ -8,6 +8,7 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
        AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(key)s::text IS NULL OR key = %(key)s)
        AND state NOT IN ('available', 'running')
        AND coalesce(%(state)s::run_state NOT IN ('available', 'running'), true)
      ORDER BY id DESC
@@ -17,6 +18,7 @@ SELECT * FROM (
      WHERE (%(project)s::text IS NULL OR project = %(project)s)
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(key)s::text IS NULL OR key = %(key)s)
        AND state = 'running' AND coalesce(%(state)s::run_state = 'running', true)
      ORDER BY id DESC
      LIMIT %(limit)s)
@@ -25,6 +27,7 @@ SELECT * FROM (
      WHERE (%(project)s::text IS NULL OR project = %(project)s)
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(key)s::text IS NULL OR key = %(key)s)
        AND state = 'available' AND coalesce(%(state)s::run_state = 'available', true)
      ORDER BY id DESC
      LIMIT %(limit)s)
