@@ -124,3 +124,8 @@ def test_the_transaction_and_result_examples_run_as_written(
     start_worker_process("manual>*:2")
     exec(python_block("Wait for a result"), {"app": app, "send_email": "echo"})
     assert capsys.readouterr().out == "{'to': 'a@example.com', 'subject': 'hi'}\n"
+
+
+def test_the_unique_runs_example_runs_as_written(app: Tidegate, sql: psycopg.Connection) -> None:
+    exec(python_block("Unique runs"), {"app": app, "sync_account": "echo"})
+    assert count(sql) == 1

@@ -117,9 +117,11 @@ class Unique:
             identity["key"] = run["key"]
         if "lane" in self.by:
             identity["lane"] = run["lane"]
-        if self.period is not None:
+        period = self.period
+        if period is not None:
+            seconds = period.total_seconds() if isinstance(period, timedelta) else period
             due: datetime | None = run["scheduled_at"]
             at = time.time() if due is None else due.timestamp()
-            identity["window"] = [self.period, math.floor(at / float(self.period))]
+            identity["window"] = [seconds, math.floor(at / seconds)]
         text = json.dumps(identity, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return hashlib.sha256(text.encode()).hexdigest()
