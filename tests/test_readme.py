@@ -144,3 +144,8 @@ def test_the_testing_example_passes_on_the_quick_starts_app(
     pytester.makepyfile(test_myapp=tests)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=2)
+
+
+def test_the_unique_runs_example_runs_as_written(app: Tidegate, sql: psycopg.Connection) -> None:
+    exec(python_block("Unique runs"), {"app": app, "sync_account": "echo"})
+    assert count(sql) == 1

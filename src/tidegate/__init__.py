@@ -2,7 +2,7 @@
 
 The public API::
 
-    from tidegate import Tidegate, NewRun, Retry, Cancel, Discard, DownstreamFailing
+    from tidegate import Tidegate, NewRun, Unique, Retry, Cancel, Discard, DownstreamFailing
 
 See ``tidegate.app`` for a quick start.
 """
@@ -23,6 +23,7 @@ from tidegate.errors import (
 from tidegate.lanes import WorkloopSpec, parse_chain, parse_workloops
 from tidegate.runs import Cancel, Discard, DownstreamFailing, Retry, Run, RunState, current_run
 from tidegate.settings import Settings
+from tidegate.unique import Unique
 
 __version__ = "0.1.0"
 """tidegate's version, written here alone: pyproject.toml reads it (``dynamic``), and so
@@ -47,6 +48,7 @@ __all__ = [
     "Task",
     "Tidegate",
     "TidegateError",
+    "Unique",
     "UnknownRunError",
     "UnknownTaskError",
     "WorkloopSpec",

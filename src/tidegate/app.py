@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import inspect
 import json
@@ -81,6 +82,7 @@ from tidegate.storage.database import Database, describe_failure
 from tidegate.storage.migrate import check_schema, migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
 from tidegate.tracing import Span, span
+from tidegate.unique import Unique
 
 MAX_DELAY = timedelta(days=3650)
 WORKER_CHECK_SECONDS = 60.0
@@ -137,6 +139,8 @@ class NewRun:
     """Seconds (or a timedelta) from now; the run is ``scheduled`` until then."""
     idempotency_key: str | None = None
     max_attempts: int | None = None
+    unique: Unique | None = None
+    """Insert the run only if no run like it is there already (``tidegate.unique``)."""
 
 
 class Tidegate:
@@ -377,43 +381,57 @@ class Tidegate:
             runs = json.dumps(unset, default=_iso)
             params = {"runs": runs, "channel": self.available_channel}
             inserted = yield Statement("insert_runs", params, dict_row)
-        # The runs without an idempotency key and those with one are two inserts, each
-        # handing out ids in input order among its own runs; an input whose key is
-        # taken inserted nothing and is read back below.
+        # The runs without an idempotency or unique key and those with one are two
+        # inserts, each handing out ids in input order among its own runs; an input
+        # whose key is taken inserted nothing and is read back below, as a duplicate.
         inserted.sort(key=lambda r: r["id"])
-        plain = iter([r for r in inserted if r["idempotency_key"] is None])
-        keyed = [r for r in inserted if r["idempotency_key"] is not None]
-        fresh = {(r["project"], r["idempotency_key"]) for r in keyed}
+        plain = iter([r for r in inserted if _claims(r) is None])
+        keyed = [r for r in inserted if _claims(r) is not None]
+        fresh = {_claims(r) for r in keyed}
         taken = iter(keyed)
         results: list[Run | None] = []
         for row in rows:
-            if row["idempotency_key"] is None:
+            claims = _claims(row)
+            if claims is None:
                 results.append(_new_run(row, next(plain)))
-                continue
-            unique = (row["project"], row["idempotency_key"])
-            if unique not in fresh:
+            elif claims in fresh:
+                fresh.discard(claims)  # a second use of a key in the batch is a repeat
+                results.append(_new_run(row, next(taken)))
+            else:
                 results.append(None)
-                continue
-            fresh.discard(unique)  # a second use of a key in the batch is a repeat
-            results.append(_new_run(row, next(taken)))
         for project in {
-            row["project"] for row, run in zip(rows, results, strict=True) if run is None
+            row["project"]
+            for row, run in zip(rows, results, strict=True)
+            if run is None and row["idempotency_key"] is not None
         }:
             keys = [
                 r["idempotency_key"]
                 for r, run in zip(rows, results, strict=True)
-                if run is None and r["project"] == project
+                if run is None and r["project"] == project and r["idempotency_key"] is not None
             ]
             found = yield Statement("find_runs_by_key", {"project": project, "keys": keys}, run_row)
             by_key = {run.idempotency_key: run for run in found}
             results = [
-                by_key.get(row["idempotency_key"])
+                _duplicate(by_key.get(row["idempotency_key"]))
                 if run is None and row["project"] == project
                 else run
                 for row, run in zip(rows, results, strict=True)
             ]
+        held = [
+            row["unique_key"]
+            for row, run in zip(rows, results, strict=True)
+            if run is None and row["unique_key"] is not None
+        ]
+        if held:
+            found = yield Statement("find_unique_runs", {"keys": held}, run_row)
+            by_unique = {run.unique_key: run for run in found}
+            results = [
+                _duplicate(by_unique.get(row["unique_key"])) if run is None else run
+                for row, run in zip(rows, results, strict=True)
+            ]
         if any(run is None for run in results):
-            # The original was pruned between the insert and the read: insert again.
+            # The original left (pruned, or out of its unique states) between the insert
+            # and the read: insert again.
             missing = [row for row, run in zip(rows, results, strict=True) if run is None]
             again = iter((yield from self.insert_steps(missing)))
             results = [run if run is not None else next(again) for run in results]
@@ -472,6 +490,9 @@ class Tidegate:
             check_text(key, f"key of a run of {name!r}")
             if n.idempotency_key is not None:
                 check_text(n.idempotency_key, "idempotency key")
+            if n.unique is not None and not isinstance(n.unique, Unique):
+                raise EnqueueError(f"unique must be a Unique, got {n.unique!r}")
+            unique = n.unique.checked() if n.unique is not None else None
         except InputError as error:
             raise EnqueueError(str(error)) from None
         priority = n.priority if n.priority is not None else (task.priority if task else 0)
@@ -488,7 +509,7 @@ class Tidegate:
                 f"max_attempts of {name!r} must be {ATTEMPTS.low} to {ATTEMPTS.high}, "
                 f"got {max_attempts!r}"
             )
-        return {
+        row = {
             "project": n.project,
             "lane": lane,
             "key": key,
@@ -498,7 +519,13 @@ class Tidegate:
             "max_attempts": max_attempts,
             "scheduled_at": _scheduled_at(n),
             "idempotency_key": n.idempotency_key,
+            "unique_key": None,
+            "unique_states": None,
         }
+        if unique is not None:
+            row["unique_key"] = unique.key(row)
+            row["unique_states"] = [str(state) for state in unique.states]
+        return row
 
     # -- reading and cancelling runs ---------------------------------------------
 
@@ -760,6 +787,19 @@ def _wait(run_id: int, run: Run | None, left: float | None) -> float:
     return RESULT_POLL_SECONDS if left is None else min(left, RESULT_POLL_SECONDS)
 
 
+def _claims(row: dict[str, Any]) -> tuple[str, str | None, str | None] | None:
+    """What a run to insert claims that another run may hold already: its idempotency
+    key in its project, its unique key; ``None`` for a run that claims neither."""
+    if row["idempotency_key"] is None and row["unique_key"] is None:
+        return None
+    return (row["project"], row["idempotency_key"], row["unique_key"])
+
+
+def _duplicate(run: Run | None) -> Run | None:
+    """The run an enqueue found holding its key, marked as found."""
+    return None if run is None else dataclasses.replace(run, duplicate=True)
+
+
 def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
     """Build a just-inserted run from what was sent and what the database assigned: its
     id, its vtime, and the insert's time ``at`` (insert_runs.sql)."""
@@ -784,6 +824,9 @@ def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
             "rank": stored["vtime"] + 64 * row["priority"],
             "probe": False,
             "watched": False,
+            "unique_states": None
+            if row["unique_states"] is None
+            else tuple(map(RunState, row["unique_states"])),
         }
     )
 

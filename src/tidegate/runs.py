@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextvars
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
@@ -80,6 +80,14 @@ class Run:
     """Whether its last claim took it as a half-open circuit breaker's probe."""
     watched: bool = False
     """Whether a reader of its events waits for it to finish (see storage/schema.sql)."""
+    unique_key: str | None = None
+    """A unique run's key (``Unique``); ``None`` for any other run."""
+    unique_states: tuple[RunState, ...] | None = None
+    """The states in which a unique run holds its key."""
+    duplicate: bool = field(default=False, compare=False)
+    """Whether the enqueue that returned this run found it already there (a repeated
+    idempotency key, or a unique run's key) and inserted nothing. Not stored: a run read
+    from the database is never a duplicate."""
 
     @property
     def fields(self) -> dict[str, str | int]:
@@ -142,6 +150,8 @@ class Run:
             if values.get(name) is not None:
                 values[name] = datetime.fromisoformat(values[name])
         values["state"] = RunState(values["state"])
+        if values.get("unique_states") is not None:
+            values["unique_states"] = tuple(map(RunState, values["unique_states"]))
         return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
@@ -155,7 +165,7 @@ class Run:
         return data
 
 
-_RUN_FIELDS = tuple(f.name for f in fields(Run))
+_RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name != "duplicate")
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
 
 
@@ -189,6 +199,8 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
         def make(values: Sequence[Any]) -> Run:
             row = dict(zip(_RUN_FIELDS, values, strict=True))
             row["state"] = RunState(row["state"])
+            if row["unique_states"] is not None:
+                row["unique_states"] = _states(row["unique_states"])
             return stored_run(row)
 
         return make
@@ -198,9 +210,17 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
     def make_by_name(values: Sequence[Any]) -> Run:
         row = {name: values[i] for i, name in wanted}
         row["state"] = RunState(row["state"])
+        if row.get("unique_states") is not None:
+            row["unique_states"] = _states(row["unique_states"])
         return Run(**row)
 
     return make_by_name
+
+
+def _states(array: str) -> tuple[RunState, ...]:
+    """Read a ``run_state[]`` as PostgreSQL writes it (``{available,running}``): psycopg
+    has no loader for the enum's array, and the labels need no quoting."""
+    return tuple(RunState(label) for label in array.strip("{}").split(","))
 
 
 def get_run(run_id: int) -> Steps[Run | None]:

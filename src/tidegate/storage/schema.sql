@@ -68,6 +68,12 @@ CREATE TABLE runs (
     -- run's last transition are ordered by the row's lock: whichever comes second sees
     -- the other.
     watched          boolean     NOT NULL DEFAULT false,
+    -- A unique run's key (tidegate.app.Unique: a digest of its project, task and the
+    -- fields the caller named, and of its period's window) and the states in which it
+    -- holds the key: while such a run exists, an enqueue with the same key returns it
+    -- instead of inserting (runs_unique). NULL for every other run.
+    unique_key       text,
+    unique_states    run_state[],
     CONSTRAINT runs_lane_format CHECK (lane ~ '^[A-Za-z0-9_]+$'),
     CONSTRAINT runs_priority_range CHECK (priority BETWEEN 0 AND 9),
     CONSTRAINT runs_max_attempts_positive CHECK (max_attempts >= 1)
@@ -112,6 +118,13 @@ CREATE INDEX runs_finished ON runs (completed_at)
 -- A duplicate enqueue returns the original run for as long as it is retained.
 CREATE UNIQUE INDEX runs_idempotency ON runs (project, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
+
+-- Unique runs: one run per unique key among the runs in the states it names. The states
+-- are the run's own (unique_states), so a run that moves to a state outside them (by
+-- default: discarded, cancelled) frees its key by that same write. Only runs with a key
+-- have an entry, and only their inserts go through ON CONFLICT (insert_runs.sql).
+CREATE UNIQUE INDEX runs_unique ON runs (unique_key)
+    WHERE unique_key IS NOT NULL AND state = ANY (unique_states);
 
 -- The fast-lane cap: a project's in-flight fast-lane runs, counted up to the cap
 -- (admit_webhook). Pending runs count too: they are in flight until they finish.

@@ -1,32 +1,35 @@
 -- Insert one run: insert_runs.sql for a batch of one, without the batch machinery (the
 -- JSON parse, the per-key join, the window, the sorts), which cost more than the insert
 -- itself for a single run. Same clock (the key's next step: next_vtime), same
--- idempotency rule (ON CONFLICT, only for a run with a key: the caller reads the
--- original with find_runs_by_key), same NOTIFY when the run is ready. One of the two
--- inserts makes a row, the other's one-time filter stops it before its clock is read.
+-- idempotency and uniqueness rule (ON CONFLICT, only for a run with an idempotency or
+-- unique key: the caller reads the original with find_runs_by_key or find_unique_runs),
+-- same NOTIFY when the run is ready. One of the two inserts makes a row, the other's
+-- one-time filter stops it before its clock is read.
 WITH run AS (
     SELECT %(project)s::text AS project, %(lane)s::text AS lane, %(key)s::text AS key,
            %(task)s::text AS task, %(args)s::jsonb AS args, %(priority)s::smallint AS priority,
            %(max_attempts)s::smallint AS max_attempts,
            coalesce(%(scheduled_at)s::timestamptz, now()) AS scheduled_at,
            %(idempotency_key)s::text AS idempotency_key,
+           %(unique_key)s::text AS unique_key,
+           %(unique_states)s::run_state[] AS unique_states,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled'
                 ELSE 'available' END::run_state AS state
 ),
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
     SELECT *, next_vtime(lane, key) FROM run
-    WHERE %(idempotency_key)s::text IS NULL
-    RETURNING id, state, lane, project, idempotency_key, vtime
+    WHERE %(idempotency_key)s::text IS NULL AND %(unique_key)s::text IS NULL
+    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
     SELECT *, next_vtime(lane, key) FROM run
-    WHERE %(idempotency_key)s::text IS NOT NULL
-    ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, state, lane, project, idempotency_key, vtime
+    WHERE %(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL
+    ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique
+    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
 ),
 inserted AS (
     SELECT * FROM plain UNION ALL SELECT * FROM keyed
@@ -35,5 +38,6 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM inserted WHERE state = 'available'
 )
-SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key, now() AS at
+SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key,
+       inserted.unique_key, now() AS at
 FROM inserted, notified

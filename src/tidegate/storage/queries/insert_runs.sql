@@ -7,10 +7,11 @@
 -- run, never before the lane's floor; two index probes) and its runs take consecutive
 -- steps of 1/weight: a batch of one key spreads over virtual time, it does not jump
 -- the line. Delayed runs are stamped again when they come due (stage_runs).
--- ON CONFLICT: a repeated idempotency key inserts nothing; the caller reads the
--- original run with find_runs_by_key. The unique index waits for a concurrent insert
--- of the same key to commit or abort, so exactly one of two duplicates inserts. Only
--- runs with a key go through it (keyed): ON CONFLICT inserts speculatively, a second
+-- ON CONFLICT: a repeated idempotency key, or the unique key of a run that holds it,
+-- inserts nothing; the caller reads the original run with find_runs_by_key or
+-- find_unique_runs. The unique index (runs_idempotency, runs_unique) waits for a
+-- concurrent insert of the same key to commit or abort, so exactly one of two
+-- duplicates inserts. Only runs with either key go through it (keyed): ON CONFLICT inserts speculatively, a second
 -- WAL record per row, for rows the index would never hold (measured on 20,000 runs
 -- without a key: 749 WAL bytes per run with it, 677 without, at 1.05 times the rate). Each of
 -- the two inserts hands out ids in input order among its own runs.
@@ -22,9 +23,10 @@
 WITH batch AS (
     SELECT * FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
         project text, lane text, key text, task text, args jsonb, priority smallint,
-        max_attempts smallint, scheduled_at timestamptz, idempotency_key text
+        max_attempts smallint, scheduled_at timestamptz, idempotency_key text,
+        unique_key text, unique_states run_state[]
     )) WITH ORDINALITY AS i(project, lane, key, task, args, priority, max_attempts,
-                            scheduled_at, idempotency_key, ord)
+                            scheduled_at, idempotency_key, unique_key, unique_states, ord)
 ),
 clock AS MATERIALIZED (  -- once per key, not per run
     SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight
@@ -33,6 +35,7 @@ clock AS MATERIALIZED (  -- once per key, not per run
 stamped AS (
     SELECT b.project, b.lane, b.key, b.task, b.args, b.priority, b.max_attempts,
            coalesce(b.scheduled_at, now()) AS scheduled_at, b.idempotency_key,
+           b.unique_key, b.unique_states,
            CASE WHEN b.scheduled_at > now() THEN 'scheduled' ELSE 'available' END::run_state
                AS state,
            c.start + row_number() OVER (PARTITION BY b.lane, b.key ORDER BY b.ord) / c.weight
@@ -42,22 +45,22 @@ stamped AS (
 ),
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
     SELECT project, lane, key, task, args, priority, max_attempts,
-           scheduled_at, idempotency_key, state, vtime
-    FROM stamped WHERE idempotency_key IS NULL
+           scheduled_at, idempotency_key, unique_key, unique_states, state, vtime
+    FROM stamped WHERE idempotency_key IS NULL AND unique_key IS NULL
     ORDER BY ord
-    RETURNING id, state, lane, project, idempotency_key, vtime
+    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
     SELECT project, lane, key, task, args, priority, max_attempts,
-           scheduled_at, idempotency_key, state, vtime
-    FROM stamped WHERE idempotency_key IS NOT NULL
+           scheduled_at, idempotency_key, unique_key, unique_states, state, vtime
+    FROM stamped WHERE idempotency_key IS NOT NULL OR unique_key IS NOT NULL
     ORDER BY ord
-    ON CONFLICT (project, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, state, lane, project, idempotency_key, vtime
+    ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique
+    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
 ),
 inserted AS (
     SELECT * FROM plain UNION ALL SELECT * FROM keyed
@@ -66,5 +69,6 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM (SELECT DISTINCT lane FROM inserted WHERE state = 'available') AS ready
 )
-SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key, now() AS at
+SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key,
+       inserted.unique_key, now() AS at
 FROM inserted, notified
