@@ -32,9 +32,10 @@ backlog that stays ready is one no running worker serves (a lane whose workers a
 down, or busy elsewhere), and it is the hard case for the indexes: every index of ready
 runs (``runs_claim_lane``, ``runs_key_ready``) holds the N runs beside the few the
 measurement makes, every enqueue and claim writes into those trees, and the planner's
-statistics say that most of the table is ready, almost none of it in the lanes measured. So the worker's workloops are ``fast_lane:16``
-and ``manual>default:32``, without ``*``: a wildcard would take the backlog. No backlog
-is put in ``fast_lane``: the admission counts that lane's ready runs as taken slots.
+statistics say that most of the table is ready, almost none of it in the lanes measured.
+So the worker's workloops are ``fast_lane:16`` and ``manual>default:32``, without ``*``:
+a wildcard would take the backlog. No backlog is put in ``fast_lane``: the admission
+counts that lane's ready runs as taken slots.
 
 In each state, ``--repeat`` times (3), in this order:
 

@@ -34,7 +34,7 @@ def test_enqueue_with_delay_or_run_at_is_scheduled(app: Tidegate) -> None:
     assert app.enqueue("echo", run_at=past).state is RunState.AVAILABLE
     # A naive time would be read in the session's time zone: refused, not guessed.
     with pytest.raises(EnqueueError, match="timezone-aware"):
-        app.enqueue("echo", run_at=datetime.now())  # noqa: DTZ005
+        app.enqueue("echo", run_at=datetime.now())
 
 
 def test_enqueue_many_is_one_statement_in_input_order(
