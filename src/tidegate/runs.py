@@ -227,9 +227,18 @@ def list_runs(
     state: str | None = None,
     task: str | None = None,
     limit: int = 50,
+    before: int | None = None,
 ) -> Steps[list[Run]]:
-    """Read the newest runs matching every filter given (``None``: any)."""
-    params = {"project": project, "lane": lane, "state": state, "task": task, "limit": limit}
+    """Read the newest runs matching every filter given (``None``: any), older than the
+    run ``before`` when it is given (the last of the page before)."""
+    params = {
+        "project": project,
+        "lane": lane,
+        "state": state,
+        "task": task,
+        "limit": limit,
+        "before": before,
+    }
     return (yield Statement("list_runs", params, run_row))
 
 

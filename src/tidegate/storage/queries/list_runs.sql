@@ -1,4 +1,5 @@
--- Newest first; every filter is optional (NULL matches all). Runs in flight come from
+-- Newest first; every filter is optional (NULL matches all); a page starts after the
+-- keyset %(before)s (the last id of the page before). Runs in flight come from
 -- runs_running (at most the workers' slots), the others through the index their filter
 -- needs (runs_project holds no run in flight: see schema.sql); each part is read only
 -- where the state filter lets it have rows.
@@ -8,6 +9,7 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
        AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state <> 'running' AND %(state)s::run_state IS DISTINCT FROM 'running'
      ORDER BY id DESC
      LIMIT %(limit)s)
@@ -16,6 +18,7 @@ SELECT * FROM (
      WHERE (%(project)s::text IS NULL OR project = %(project)s)
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state = 'running' AND coalesce(%(state)s::run_state = 'running', true)
      ORDER BY id DESC
      LIMIT %(limit)s)
