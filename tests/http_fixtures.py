@@ -22,6 +22,7 @@ import httpx
 import psycopg
 
 from tidegate import Settings
+from tidegate.api.kernel import ProblemType
 from tidegate.storage.embedded import pgdata_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +174,7 @@ def serving(readyz: httpx.Response) -> bool:
     are right (ready, or waiting only for a worker, which many tests start later)."""
     if readyz.status_code == 200:
         return True
-    return readyz.status_code == 503 and readyz.json().get("title") == "no live worker"
+    return readyz.status_code == 503 and readyz.json().get("detail") == "no live worker"
 
 
 def wait_for_workers(database_url: str, schema: str, count: int, timeout: float = 30.0) -> None:
@@ -198,13 +199,23 @@ def counts(conn: psycopg.Connection) -> tuple[int, int]:
     return int(row[0]), int(row[1])
 
 
-def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
-    """Check that ``response`` is an RFC 9457 problem with ``status``; return its body."""
+def assert_problem(
+    response: httpx.Response, status: int, kind: ProblemType | None = None
+) -> dict[str, Any]:
+    """Check that ``response`` is an RFC 9457 problem with ``status`` (of type ``kind``,
+    or of the type that status stands for), its ``title`` the one of its type and its
+    ``detail`` saying something; return its body."""
     assert response.status_code == status, (response.status_code, response.text)
     assert response.headers["content-type"].startswith("application/problem+json")
     body: dict[str, Any] = response.json()
-    assert body["status"] == status
-    assert isinstance(body["title"], str) and body["title"]
+    expected = kind or ProblemType.for_status(status)
+    assert expected is not None and expected.status == status
+    assert (body["type"], body["title"], body["status"]) == (
+        expected.uri,
+        expected.title,
+        status,
+    ), body
+    assert isinstance(body["detail"], str) and body["detail"]
     return body
 
 

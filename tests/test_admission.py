@@ -168,14 +168,14 @@ async def test_sync_webhook_without_a_fast_lane_slot_gets_503_until_a_worker_sta
 
     for refused in (no_worker, response):
         problem = assert_problem(refused, 503)
-        assert problem["title"].startswith("no live worker has task 'echo'")
+        assert problem["detail"].startswith("no live worker has task 'echo'")
         assert int(refused.headers["retry-after"]) >= 1
     assert counts(sql) == (0, 0)
 
     # A fast-lane slot of a worker that lacks the task takes nothing either.
     start_worker_process("fast_lane:1", "--app", "tidegate.builtin:app")
     response = await client.post(sync["url"], json={"n": 1})
-    assert assert_problem(response, 503)["title"].startswith("no live worker has task 'echo'")
+    assert assert_problem(response, 503)["detail"].startswith("no live worker has task 'echo'")
     assert counts(sql) == (0, 0)
 
     start_worker_process("fast_lane:1")
@@ -380,7 +380,7 @@ async def test_a_dead_workers_fast_lane_runs_hold_their_places_until_rescued(
             check_over_cap(response, 2)
             assert time.monotonic() - killed_at < 30, "the dead worker's runs were never rescued"
             await asyncio.sleep(0.2)
-        assert assert_problem(response, 503)["title"].startswith("no live worker has task")
+        assert assert_problem(response, 503)["detail"].startswith("no live worker has task")
         # The places came back only once the API's rescuer took the runs (discarded: a
         # sync webhook's run has one attempt), not when the worker went quiet.
         rescued = sql.execute(

@@ -486,7 +486,7 @@ async def test_a_sync_webhook_whose_breaker_is_open_gets_503_with_the_cooldown_l
 
     assert refused.status_code == 503, refused.text
     assert 25 <= int(refused.headers["retry-after"]) <= 30
-    assert dead.key in refused.json()["title"]
+    assert dead.key in refused.json()["detail"]
     (made,) = sql.execute("SELECT count(*) FROM runs WHERE key = %s", [dead.key]).fetchone() or ()
     assert made == 2  # the refused one made no run
     state = breaker(sql, "fast_lane", dead.key)

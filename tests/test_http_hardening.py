@@ -30,6 +30,7 @@ from tests.http_fixtures import (
     create_project,
     create_trigger,
 )
+from tidegate.api.kernel import ProblemType
 from tidegate.signatures import sign
 
 JSON = {"Content-Type": "application/json"}
@@ -191,7 +192,7 @@ async def test_a_body_postgresql_cannot_store_gets_400_with_the_reason(
     reason: str,
 ) -> None:
     response = await client.post(hook["url"], content=body, headers=JSON)
-    assert reason in assert_problem(response, 400)["title"]
+    assert reason in assert_problem(response, 400, ProblemType.MALFORMED_JSON)["detail"]
     assert counts(sql) == (0, 0)
     await still_serving(client, hook)
 
@@ -219,12 +220,14 @@ async def test_a_body_in_any_encoding_postgresql_cannot_store_gets_the_same_400(
             ]:
                 body = text.encode(encoding)
                 response = await client.post(hook["url"], content=body, headers=JSON)
-                title = assert_problem(response, 400)["title"]
+                title = assert_problem(response, 400, ProblemType.MALFORMED_JSON)["detail"]
                 assert reason in title, (encoding, text, title)
         # Unescaped, in UTF-16: the surrogate's own two bytes.
         raw = '{"a": "x"}'.encode("utf-16-le").replace(b"x\x00", b"\x00\xd8")
         response = await client.post(hook["url"], content=raw, headers=JSON)
-        assert "lone surrogate" in assert_problem(response, 400)["title"]
+        assert (
+            "lone surrogate" in assert_problem(response, 400, ProblemType.MALFORMED_JSON)["detail"]
+        )
         assert counts(sql) == (0, 0)
         accepted = await client.post(
             hook["url"], content='{"caf\u00e9": 1}'.encode("utf-16"), headers=JSON
@@ -362,7 +365,7 @@ async def test_a_webhook_timestamp_that_is_not_plain_digits_gets_401(
     body = b"{}"
     headers = {**signed(body, "msg_1"), "webhook-timestamp": timestamp}
     response = await client.post(trigger["url"], content=body, headers=headers)
-    assert "Unix seconds" in assert_problem(response, 401)["title"]
+    assert "Unix seconds" in assert_problem(response, 401, ProblemType.BAD_SIGNATURE)["detail"]
     assert counts(sql) == (0, 0)
     await still_serving(client)
 
@@ -414,10 +417,10 @@ async def test_the_api_documents_its_security_and_serves_its_docs_offline(
     # Bearer tokens: the admin's or a project's, and (the remote workers') worker tokens.
     assert {name: scheme["scheme"] for name, scheme in schemes.items()} == {
         "HTTPBearer": "bearer",
-        "worker token": "bearer",
+        "WorkerToken": "bearer",
     }
     assert document["paths"]["/runs/{run_id}"]["get"]["security"] == [{"HTTPBearer": []}]
-    assert document["paths"]["/workers"]["post"]["security"] == [{"worker token": []}]
+    assert document["paths"]["/workers"]["post"]["security"] == [{"WorkerToken": []}]
     hook = document["paths"]["/hooks/{token}"]["post"]
     assert hook["requestBody"]["required"] is True
     assert {"400", "401", "404", "413", "415", "429", "503"} <= set(hook["responses"])

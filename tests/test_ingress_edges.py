@@ -197,7 +197,7 @@ async def test_a_handler_reply_http_cannot_carry_gets_502_not_500(
     for case, reply in BAD_REPLIES.items():
         response = await client.post(hook["url"], json={**reply, "body": "hi"})
         problem = assert_problem(response, 502)
-        assert problem["title"] == "the run's reply is not a valid HTTP response", case
+        assert problem["detail"] == "the run's reply is not a valid HTTP response", case
         assert "set-cookie" not in response.headers, case
         assert isinstance(problem["run_id"], int), case
     good = await client.post(

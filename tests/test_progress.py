@@ -322,10 +322,10 @@ async def test_slow_readers_hold_a_bounded_page_each_and_give_it_back_when_they_
         async with httpx.AsyncClient(base_url=api.url, timeout=30) as client:
             path = f"/runs/{run.id}/events"
             over = await client.get(path, headers=ADMIN)  # the admin's 101st
-            assert "100 event streams open" in assert_problem(over, 429)["title"]
+            assert "100 event streams open" in assert_problem(over, 429)["detail"]
             assert over.headers["retry-after"] == "5"
             full = await client.get(path, headers=project)  # the process's 151st
-            assert "150 event streams open" in assert_problem(full, 503)["title"]
+            assert "150 event streams open" in assert_problem(full, 503)["detail"]
             assert full.headers["retry-after"] == "5"
     finally:
         for reader in readers:
@@ -356,7 +356,7 @@ async def test_a_sync_caller_past_its_projects_streams_is_refused_before_a_run_i
             assert streaming.status_code == 200
             for headers in ({**EVENTS, "Idempotency-Key": "second"}, first):
                 refused = await client.post(trigger["url"], json={}, headers=headers)
-                assert "1 event streams open" in assert_problem(refused, 429)["title"]
+                assert "1 event streams open" in assert_problem(refused, 429)["detail"]
                 assert refused.headers["retry-after"] == "5"
             assert sql.execute("SELECT count(*) FROM runs").fetchone() == (1,)
         # Its stream gone, the project may stream again.

@@ -573,7 +573,7 @@ async def test_a_workloop_past_the_slot_bound_is_refused_and_cannot_be_stored(
         refused = await client.post(
             "/workers", json={"workloops": workloops, "tasks": ["echo"]}, headers=token
         )
-        assert "slots must be a whole number from 1 to" in assert_problem(refused, 422)["title"]
+        assert "slots must be a whole number from 1 to" in assert_problem(refused, 422)["detail"]
     await RemoteWorker.register(client, token, f"fast_lane:{MAX_SLOTS} *:{MAX_SLOTS}", ["echo"])
     await create_project(client, "acme")
     trigger = await create_trigger(
@@ -725,14 +725,14 @@ async def test_claims_past_a_workloops_or_a_tokens_bound_are_answered_429(
         claims = [asyncio.create_task(worker.post("/claim", waits)) for worker in workers]
         done, waiting = await asyncio.wait(claims, return_when=asyncio.FIRST_COMPLETED)
         (refused,) = done  # three wait (no run comes), the fourth is over the token's bound
-        assert "at most 3" in assert_problem(refused.result(), 429)["title"]
+        assert "at most 3" in assert_problem(refused.result(), 429)["detail"]
         assert 1 <= int(refused.result().headers["retry-after"]) <= 30
         idle = workers[claims.index(refused)]
         assert_problem(await idle.post("/claim", now), 429)
         # A workloop with a claim waiting: a second claim of it is refused.
         busy = workers[claims.index(next(iter(waiting)))]
         again = await busy.post("/claim", now)
-        assert "has a claim waiting" in assert_problem(again, 429)["title"]
+        assert "has a claim waiting" in assert_problem(again, 429)["detail"]
         assert 1 <= int(again.headers["retry-after"]) <= 30
         # A claim whose client goes away leaves its place at once, not at its deadline.
         gone = waiting.pop()
@@ -761,7 +761,7 @@ async def test_a_tokens_claims_of_more_kinds_than_its_bound_are_answered_429(
     try:
         body = {"workloop": 0, "demand": 1, "wait_seconds": 30}
         refused = await workers[-1].post("/claim", body)
-        assert f"of {MAX_KINDS_PER_TOKEN} kinds" in assert_problem(refused, 429)["title"]
+        assert f"of {MAX_KINDS_PER_TOKEN} kinds" in assert_problem(refused, 429)["detail"]
         # Another claim of a kind already waiting is welcome.
         same = await RemoteWorker.register(client, token, "manual>*:1", ["task0"])
         assert (await same.claim(1)) == []

@@ -537,7 +537,7 @@ async def test_a_schedule_is_refused_the_fast_lane_and_a_project_that_does_not_e
             "/admin/projects/acme/schedules",
             json={"name": "tick", "lane": "fast_lane", **every_second},
         )
-        assert "'fast_lane'" in assert_problem(fast, 422)["title"]
+        assert "'fast_lane'" in assert_problem(fast, 422)["detail"]
         created = await client.post(
             "/admin/projects/acme/schedules", json={"name": "tick", **every_second}
         )
@@ -545,7 +545,7 @@ async def test_a_schedule_is_refused_the_fast_lane_and_a_project_that_does_not_e
         moved = await client.patch(
             "/admin/projects/acme/schedules/tick", json={"lane": "fast_lane"}
         )
-        assert "'fast_lane'" in assert_problem(moved, 422)["title"]
+        assert "'fast_lane'" in assert_problem(moved, 422)["detail"]
         library = await client.post(
             "/admin/projects/default/schedules", json={"name": "tick", **every_second}
         )

@@ -787,7 +787,12 @@ async def test_a_project_session_sees_its_own_project_only(
     for path in not_found:
         response = await browser.client.get(path)
         assert response.status_code == 404, (path, response.status_code)
-        assert set(response.json()) == {"title", "status"}  # says what was asked, no more
+        assert set(response.json()) == {
+            "type",
+            "title",
+            "status",
+            "detail",
+        }  # says what was asked, no more
     for path in (
         f"/ui/runs/{b_run}/cancel",
         f"/ui/runs/{bravo_runs[1].id}/retry",
@@ -796,7 +801,7 @@ async def test_a_project_session_sees_its_own_project_only(
     ):
         response = await browser.post(path)
         assert response.status_code == 404, (path, response.status_code)
-        assert set(response.json()) == {"title", "status"}
+        assert set(response.json()) == {"type", "title", "status", "detail"}
     for secret in secrets:
         assert secret not in seen, secret
     assert run_state(sql, b_run)[0] == "available"

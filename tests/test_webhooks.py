@@ -30,6 +30,7 @@ from tests.http_fixtures import (
     create_trigger,
 )
 from tidegate import Settings, Tidegate, projects
+from tidegate.api.kernel import ProblemType
 from tidegate.signatures import sign
 from tidegate.storage.sql import query
 
@@ -286,7 +287,7 @@ async def test_content_type_that_is_not_json_gets_415(
     )
 
     problem = assert_problem(response, 415)
-    assert "text/plain" in problem["title"]
+    assert "text/plain" in problem["detail"]
     assert problem["accepts"] == ["application/json"]
     # A +json media type with parameters is JSON.
     accepted = await client.post(
@@ -307,8 +308,8 @@ async def test_malformed_json_gets_400(client: httpx.AsyncClient, sql: psycopg.C
         response = await client.post(
             trigger["url"], content=body, headers={"Content-Type": "application/json"}
         )
-        problem = assert_problem(response, 400)
-        assert "malformed JSON" in problem["title"], body
+        problem = assert_problem(response, 400, ProblemType.MALFORMED_JSON)
+        assert "malformed JSON" in problem["detail"], body
 
     assert counts(sql) == (0, 0)
     await healthy(client)
@@ -352,8 +353,8 @@ async def test_bad_signatures_get_401_and_valid_ones_are_accepted(
     }
     for case, headers in refused.items():
         response = await client.post(url, content=body, headers=headers)
-        problem = assert_problem(response, 401)
-        assert problem["title"].startswith("bad signature"), case
+        problem = assert_problem(response, 401, ProblemType.BAD_SIGNATURE)
+        assert problem["detail"].startswith("bad signature"), case
     assert counts(sql) == (0, 0)
     await healthy(client)
 
@@ -395,6 +396,40 @@ async def test_repeat_of_an_admitted_webhook_gets_the_original_answer(
     too_long = await client.post(trigger["url"], json={"n": 1}, headers={header: "k" * 256})
     assert_problem(too_long, 400)
     assert counts(sql) == (2, 2)
+    # The same key with another body: 422 (the IETF idempotency-key draft), no run; the
+    # original body still gets the original answer.
+    changed = await client.post(trigger["url"], json={"n": 2}, headers={header: "order-7"})
+    problem = assert_problem(changed, 422, ProblemType.IDEMPOTENCY_KEY_REUSED)
+    assert "'order-7'" in problem["detail"]
+    assert "idempotent-replayed" not in changed.headers and "retry-after" not in changed.headers
+    assert counts(sql) == (2, 2)
+    third = await client.post(trigger["url"], json={"n": 1}, headers={header: "order-7"})
+    assert third.json()["run_id"] == first.json()["run_id"]
+    # The webhook log keeps it with what the answer said.
+    await wait_until(
+        lambda: (
+            ("key_reused", 422, problem["detail"])
+            in sql.execute("SELECT outcome, status, detail FROM request_log").fetchall()
+        ),
+        10,
+    )
+
+
+async def test_an_idempotency_key_sent_as_a_structured_field_string_is_its_content(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """The IETF draft sends ``Idempotency-Key: "k"``; many senders send ``k``: one key."""
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+
+    bare = await client.post(trigger["url"], json={"n": 1}, headers={"Idempotency-Key": 'a"b'})
+    quoted = await client.post(
+        trigger["url"], json={"n": 1}, headers={"Idempotency-Key": '"a\\"b"'}
+    )
+
+    assert quoted.headers["idempotent-replayed"] == "true", quoted.text
+    assert quoted.json()["run_id"] == bare.json()["run_id"]
+    assert sql.execute("SELECT idempotency_key FROM requests").fetchall() == [('a"b',)]
 
 
 def admissions_waiting(sql: psycopg.Connection) -> int:
@@ -505,7 +540,7 @@ async def test_sync_handler_that_fails_gets_5xx_with_the_run_and_no_error_detail
     response = await client.post(trigger["url"], json={})
 
     problem = assert_problem(response, 502)
-    assert (problem["title"], problem["state"]) == ("the run ended discarded", "discarded")
+    assert (problem["detail"], problem["state"]) == ("the run ended discarded", "discarded")
     assert "boom" not in response.text  # the sender is not told what the handler said
     run = run_row(sql, problem["run_id"])
     assert (run["state"], run["max_attempts"], len(run["errors"])) == ("discarded", 1, 1)
@@ -673,7 +708,7 @@ async def test_readyz_says_ready_only_while_a_worker_is_alive(
     client: httpx.AsyncClient, start_worker_process: Callable[..., Any]
 ) -> None:
     refused = assert_problem(await client.get("/readyz"), 503)
-    assert refused["title"] == "no live worker" and refused["workers"] == 0
+    assert refused["detail"] == "no live worker" and refused["workers"] == 0
     worker = start_worker_process("manual>*:1")
     ready = await client.get("/readyz")
     assert ready.status_code == 200, ready.text
@@ -684,7 +719,7 @@ async def test_readyz_says_ready_only_while_a_worker_is_alive(
     while (await client.get("/readyz")).status_code == 200:
         assert time.monotonic() < deadline, "still ready 10 s after the only worker died"
         await asyncio.sleep(0.2)
-    assert assert_problem(await client.get("/readyz"), 503)["title"] == "no live worker"
+    assert assert_problem(await client.get("/readyz"), 503)["detail"] == "no live worker"
 
 
 async def test_unreachable_database_gets_503_then_recovers_by_itself(
@@ -713,7 +748,7 @@ async def test_unreachable_database_gets_503_then_recovers_by_itself(
                 assert time.monotonic() - started < 10, "the answer must not hang"
                 assert_problem(response, 503)
                 assert int(response.headers["retry-after"]) >= 1
-            assert assert_problem(await client.get("/readyz"), 503)["title"] == (
+            assert assert_problem(await client.get("/readyz"), 503)["detail"] == (
                 "database unavailable"
             )
             await healthy(client)
@@ -728,7 +763,7 @@ async def test_unreachable_database_gets_503_then_recovers_by_itself(
                 assert time.monotonic() - back < 3, "still 503 three seconds after recovery"
                 await asyncio.sleep(0.1)
             # The database and schema are right again; no worker was ever started.
-            assert assert_problem(await client.get("/readyz"), 503)["title"] == "no live worker"
+            assert assert_problem(await client.get("/readyz"), 503)["detail"] == "no live worker"
         server.stop()
         with psycopg.connect(database.url, options=f"-c search_path={settings.schema}") as conn:
             assert counts(conn) == (2, 2)

@@ -78,12 +78,12 @@ async def post(
 def _read_reply(
     reply: Reply, headers: Mapping[str, str], content: bytes, expect: Expect | None
 ) -> None:
-    """Fill in the run id (``Location``), the problem title, and whether the body is right."""
+    """Fill in the run id (``Location``), the problem's detail, and whether the body is right."""
     location = headers.get("location", "")
     if location.startswith("/runs/"):
         reply.run_id = int(location.rsplit("/", 1)[1])
     if headers.get("content-type", "").startswith("application/problem+json"):
-        reply.title = str(json.loads(content).get("title"))
+        reply.title = str(json.loads(content).get("detail"))
     elif expect is not None:
         reply.body_ok = expect(reply.status, json.loads(content))
 

@@ -125,7 +125,7 @@ class ApiServer:
             try:
                 answer = httpx.get(self.base + "/readyz", timeout=2)
                 # Serving: ready, or waiting only for the workers the benchmark starts next.
-                ready = answer.status_code == 200 or answer.json().get("title") == "no live worker"
+                ready = answer.status_code == 200 or answer.json().get("detail") == "no live worker"
             except httpx.TransportError:
                 ready = False
             if ready and listeners(url, schema) >= self.processes:

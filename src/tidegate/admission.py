@@ -3,7 +3,7 @@
 ``storage/functions/admit_webhook.sql`` decides whether a webhook that passed its own
 checks becomes a run, and returns one of ``Verdict``'s values (tests/test_verdicts.py
 reads the file and fails when the two sets differ). Each refusal carries its HTTP answer
-(``Refusal``): the status, the title, where its ``Retry-After`` comes from and which
+(``Refusal``): the status, the detail, where its ``Retry-After`` comes from and which
 rate-limit fields go with it, so that ``POST /hooks/{token}`` answers by looking the
 verdict up. A webhook answered before (or without) a verdict has an ``Unjudged``
 outcome instead. Both are the ``outcome`` of ``tidegate_webhooks_total``, of the minute
@@ -56,20 +56,22 @@ def backlog_wait(_: float | None) -> int:
 
 @dataclass(frozen=True)
 class Refusal:
-    """How a refusing verdict is answered: a problem with ``status`` and ``title``, and a
+    """How a refusing verdict is answered: a problem with ``status`` and ``detail``, and a
     ``Retry-After`` of ``wait(retry_after)`` whole seconds (``retry_after``: what the
-    admission returned with it).
+    admission returned with it), or none without ``wait`` (a request that will never be
+    admitted as it is).
 
-    ``title`` is a ``str.format`` template: ``{key}`` is the run's key, ``{task}`` the
-    trigger's task. ``limits`` names the rate-limit fields that go with it (the IETF
+    ``detail`` is a ``str.format`` template: ``{key}`` is the run's key, ``{task}`` the
+    trigger's task, ``{idempotency_key}`` the request's idempotency key. ``limits`` names
+    the rate-limit fields that go with it (the IETF
     draft's ``RateLimit-Policy`` and ``RateLimit``, and the older ``RateLimit-*``): the
     project's ingest rate, or its fast-lane cap, which the problem's body also states
     (``cap``).
     """
 
     status: int
-    title: str
-    wait: Callable[[float | None], int]
+    detail: str
+    wait: Callable[[float | None], int] | None = None
     limits: Literal["ingest", "fast_lane"] | None = None
 
 
@@ -86,6 +88,10 @@ class Verdict(StrEnum):
         return member
 
     REPLAYED = "replayed"
+    KEY_REUSED = (
+        "key_reused",
+        Refusal(422, "idempotency key {idempotency_key!r} was first sent with another body"),
+    )
     RATE_LIMITED = (
         "rate_limited",
         Refusal(429, "the project's ingest rate is exceeded", estimated, "ingest"),
@@ -115,7 +121,8 @@ class Verdict(StrEnum):
 
 REFUSALS = frozenset(verdict for verdict in Verdict if verdict.refusal is not None)
 """The verdicts that make no run. Each came after the request passed every check of its
-own, for a reason of the moment: a limit, the workers' capacity, a breaker."""
+own: for a reason of the moment (a limit, the workers' capacity, a breaker), or for an
+idempotency key used before with another body."""
 
 
 class Unjudged(StrEnum):

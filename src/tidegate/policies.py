@@ -109,8 +109,14 @@ def force_breaker(lane: str, key: str, force: str | None) -> Steps[dict[str, Any
     return dict(rows[0])
 
 
-def list_key_policies(lane: str | None = None) -> Steps[list[dict[str, Any]]]:
-    rows = yield Statement("list_key_policies", {"lane": lane}, dict_row)
+def list_key_policies(
+    lane: str | None = None, *, after: tuple[str, str] | None = None, limit: int | None = None
+) -> Steps[list[dict[str, Any]]]:
+    """Key policies by lane, each lane's default (``*``) first, then by key: after the
+    policy ``after`` (its lane and key), at most ``limit`` (``None``: all)."""
+    after_lane, after_key = after or (None, None)
+    params = {"lane": lane, "after_lane": after_lane, "after_key": after_key, "limit": limit}
+    rows = yield Statement("list_key_policies", params, dict_row)
     return [dict(row) for row in rows]
 
 

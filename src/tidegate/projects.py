@@ -129,8 +129,12 @@ def rotate_project_token(project_id: str) -> Steps[dict[str, Any]]:
     return {**rows[0], "token": token}
 
 
-def list_projects(project_id: str | None = None) -> Steps[list[dict[str, Any]]]:
-    rows = yield Statement("list_projects", {"id": project_id}, dict_row)
+def list_projects(
+    project_id: str | None = None, *, after: str | None = None, limit: int | None = None
+) -> Steps[list[dict[str, Any]]]:
+    """Projects in id order: after the id ``after``, at most ``limit`` (``None``: all)."""
+    params = {"id": project_id, "after": after, "limit": limit}
+    rows = yield Statement("list_projects", params, dict_row)
     return [dict(row) for row in rows]
 
 
@@ -254,9 +258,15 @@ def check_no_loop(url: str, own_addresses: Collection[tuple[str, int]]) -> Steps
 
 
 def list_triggers(
-    project_id: str | None = None, trigger_id: int | None = None
+    project_id: str | None = None,
+    trigger_id: int | None = None,
+    *,
+    after: int | None = None,
+    limit: int | None = None,
 ) -> Steps[list[dict[str, Any]]]:
-    rows = yield Statement("list_triggers", {"project": project_id, "id": trigger_id}, dict_row)
+    """Triggers in id order: after the id ``after``, at most ``limit`` (``None``: all)."""
+    params = {"project": project_id, "id": trigger_id, "after": after, "limit": limit}
+    rows = yield Statement("list_triggers", params, dict_row)
     return [shown_trigger(row) for row in rows]
 
 

@@ -54,9 +54,13 @@ def create_worker_token(name: str, lanes: Iterable[Any]) -> Steps[dict[str, Any]
     return {"name": name, "lanes": checked, "token": token, "created_at": created_at}
 
 
-def list_worker_tokens(live_seconds: float) -> Steps[list[dict[str, Any]]]:
-    """Every worker token with its lanes and the number of its live workers."""
-    rows = yield Statement("list_worker_tokens", {"live_seconds": live_seconds})
+def list_worker_tokens(
+    live_seconds: float, *, after: str | None = None, limit: int | None = None
+) -> Steps[list[dict[str, Any]]]:
+    """The worker tokens by name, each with its lanes and the number of its live
+    workers: after the name ``after``, at most ``limit`` (``None``: all)."""
+    params = {"live_seconds": live_seconds, "after": after, "limit": limit}
+    rows = yield Statement("list_worker_tokens", params)
     return [
         {"name": name, "lanes": lanes, "created_at": created_at, "live_workers": live}
         for name, lanes, created_at, live in rows

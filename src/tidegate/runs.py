@@ -248,8 +248,10 @@ def list_runs(
     task: str | None = None,
     key: str | None = None,
     limit: int = 50,
+    before: int | None = None,
 ) -> Steps[list[Run]]:
-    """Read the newest runs matching every filter given (``None``: any)."""
+    """Read the newest runs matching every filter given (``None``: any), older than the
+    run ``before`` when it is given (the last of the page before)."""
     params = {
         "project": project,
         "lane": lane,
@@ -257,6 +259,7 @@ def list_runs(
         "task": task,
         "key": key,
         "limit": limit,
+        "before": before,
     }
     return (yield Statement("list_runs", params, run_row))
 

@@ -341,12 +341,24 @@ def get_schedule(project: str, name: str) -> Steps[dict[str, Any]]:
 
 
 def list_schedules(
-    project: str | None = None, name: str | None = None, limit: int = MAX_LISTED
+    project: str | None = None,
+    name: str | None = None,
+    limit: int = MAX_LISTED,
+    *,
+    after: tuple[str, str] | None = None,
 ) -> Steps[list[dict[str, Any]]]:
-    """Schedules (of a project, or of all) in project and name order, each with its next
-    tick, its last tick and run (``last_run_id``, ``last_run_state``; the state is
-    ``None`` once the run is pruned), ``missed_ticks`` and ``last_error``."""
-    params = {"project": project, "name": name, "limit": limit}
+    """Schedules (of a project, or of all) in project and name order, after the schedule
+    ``after`` (its project and name), each with its next tick, its last tick and run
+    (``last_run_id``, ``last_run_state``; the state is ``None`` once the run is pruned),
+    ``missed_ticks`` and ``last_error``."""
+    after_project, after_name = after or (None, None)
+    params = {
+        "project": project,
+        "name": name,
+        "limit": limit,
+        "after_project": after_project,
+        "after_name": after_name,
+    }
     rows = yield Statement("list_schedules", params, dict_row)
     return [dict(row) for row in rows]
 

@@ -11,6 +11,7 @@ tidegate.admission).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,10 @@ from tidegate.forward import breaker_key_of
 from tidegate.limits import check_text, parse_json
 from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.storage.sql import Statement, Steps
+
+SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
+"""A structured-field string (RFC 8941): what the IETF idempotency-key draft sends as
+``Idempotency-Key``, in quotes, ``\\`` and ``\"`` escaped."""
 
 REPLAYABLE: frozenset[Outcome] = REFUSALS | {Verdict.REPLAYED, Unjudged.UNAVAILABLE}
 """The outcomes of logged requests that a replay may turn into a run: those refused (or
@@ -72,6 +77,23 @@ class Invalid(Exception):
         self.extra = extra
 
 
+class MalformedJSON(Invalid):
+    """A webhook whose body is not JSON, or is JSON PostgreSQL cannot store (400)."""
+
+    def __init__(self, title: str) -> None:
+        super().__init__(400, title)
+
+
+def idempotency_key_of(field: str | None) -> str | None:
+    """The key an ``Idempotency-Key`` field carries: a structured-field string's content,
+    as the IETF draft sends it (``"a1"`` and ``a1`` are the same key), or the bare value
+    that many senders still send."""
+    if field is None:
+        return None
+    quoted = SF_STRING.fullmatch(field)
+    return re.sub(r"\\(.)", r"\1", quoted[1]) if quoted else field
+
+
 def validate(
     secret: str | None,
     headers: Mapping[str, str],
@@ -102,7 +124,7 @@ def validate(
     try:
         payload = parse_json(body, "the body", max_json_depth)
     except InputError as error:
-        raise Invalid(400, str(error)) from None
+        raise MalformedJSON(str(error)) from None
     if secret:
         try:
             verify(secret, headers, body, now)
@@ -114,7 +136,8 @@ def validate(
         # captured request must not make it a new one.
         idempotency_key = headers.get("webhook-id")
     else:
-        idempotency_key = headers.get("idempotency-key") or headers.get("webhook-id")
+        idempotency_key = idempotency_key_of(headers.get("idempotency-key"))
+        idempotency_key = idempotency_key or headers.get("webhook-id")
     if idempotency_key is not None:
         try:
             check_text(idempotency_key, "the idempotency key")

@@ -12,13 +12,24 @@ import logging
 from typing import Annotated, Any, Literal
 
 import psycopg
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Security
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from tidegate import forward
 from tidegate.api.auth import BEARER, current_caller
-from tidegate.api.kernel import AUTH_RESPONSES, Api, JSONAnswer, problem_responses
+from tidegate.api.kernel import (
+    AUTH_RESPONSES,
+    MAX_PAGE_SIZE,
+    PAGED,
+    Api,
+    Cursor,
+    JSONAnswer,
+    PageSize,
+    page,
+    problem_responses,
+    read_cursor,
+)
 from tidegate.app import DEFAULT_LANE
 from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
@@ -247,19 +258,26 @@ def _rows(name: str, params: dict[str, Any]) -> Steps[list[Any]]:
     return (yield Statement(name, params))
 
 
-@router.post("/projects", status_code=201, responses=CONFLICT)
+@router.post("/projects", status_code=201, responses=CONFLICT, operation_id="createProject")
 async def post_project(body: NewProject, request: Request) -> dict[str, Any]:
     """Create a project; the response holds its API token, shown only this once."""
     limits = body.model_dump(exclude={"id"}, exclude_unset=True)
     return await _apply(request, create_project(body.id, **limits))  # type: ignore[no-any-return]
 
 
-@router.get("/projects")
-async def get_projects(request: Request) -> list[dict[str, Any]]:
-    return await _apply(request, list_projects())  # type: ignore[no-any-return]
+@router.get("/projects", responses=PAGED, operation_id="listProjects")
+async def get_projects(
+    request: Request, response: Response, limit: PageSize = MAX_PAGE_SIZE, cursor: Cursor = None
+) -> list[dict[str, Any]]:
+    """The projects in id order, a page at a time."""
+    after = read_cursor(cursor, str)
+    steps = list_projects(after=after[0] if after else None, limit=limit + 1)
+    shown, link = page(request, await _apply(request, steps), limit, lambda p: [p["id"]])
+    response.headers.update(link)
+    return shown
 
 
-@router.get("/projects/{project_id}", responses=NOT_FOUND)
+@router.get("/projects/{project_id}", responses=NOT_FOUND, operation_id="getProject")
 async def get_project(project_id: ProjectIdPath, request: Request) -> dict[str, Any]:
     found = await _apply(request, list_projects(project_id))
     if not found:
@@ -267,7 +285,7 @@ async def get_project(project_id: ProjectIdPath, request: Request) -> dict[str, 
     return found[0]  # type: ignore[no-any-return]
 
 
-@router.patch("/projects/{project_id}", responses=NOT_FOUND)
+@router.patch("/projects/{project_id}", responses=NOT_FOUND, operation_id="updateProject")
 async def patch_project(
     project_id: ProjectIdPath, body: ProjectLimits, request: Request
 ) -> dict[str, Any]:
@@ -276,7 +294,9 @@ async def patch_project(
     return await _apply(request, update_project(project_id, **changes))  # type: ignore[no-any-return]
 
 
-@router.post("/projects/{project_id}/token/rotate", responses=NOT_FOUND)
+@router.post(
+    "/projects/{project_id}/token/rotate", responses=NOT_FOUND, operation_id="rotateProjectToken"
+)
 async def post_project_token_rotation(
     project_id: ProjectIdPath, request: Request
 ) -> dict[str, Any]:
@@ -286,7 +306,10 @@ async def post_project_token_rotation(
 
 
 @router.post(
-    "/projects/{project_id}/triggers", status_code=201, responses={**NOT_FOUND, **CONFLICT}
+    "/projects/{project_id}/triggers",
+    status_code=201,
+    responses={**NOT_FOUND, **CONFLICT},
+    operation_id="createTrigger",
 )
 async def post_trigger(
     project_id: ProjectIdPath, body: NewTrigger, request: Request
@@ -308,12 +331,27 @@ async def post_trigger(
     return await _shown(request, created)
 
 
-@router.get("/projects/{project_id}/triggers")
-async def get_triggers(project_id: ProjectIdPath, request: Request) -> list[dict[str, Any]]:
-    return [await _shown(request, t) for t in await _apply(request, list_triggers(project_id))]
+@router.get("/projects/{project_id}/triggers", responses=PAGED, operation_id="listTriggers")
+async def get_triggers(
+    project_id: ProjectIdPath,
+    request: Request,
+    response: Response,
+    limit: PageSize = MAX_PAGE_SIZE,
+    cursor: Cursor = None,
+) -> list[dict[str, Any]]:
+    """The project's triggers in id order, a page at a time."""
+    after = read_cursor(cursor, int)
+    steps = list_triggers(project_id, after=after[0] if after else None, limit=limit + 1)
+    shown, link = page(request, await _apply(request, steps), limit, lambda t: [t["id"]])
+    response.headers.update(link)
+    return [await _shown(request, t) for t in shown]
 
 
-@router.post("/projects/{project_id}/triggers/{name}/rotate", responses=NOT_FOUND)
+@router.post(
+    "/projects/{project_id}/triggers/{name}/rotate",
+    responses=NOT_FOUND,
+    operation_id="rotateTriggerUrl",
+)
 async def post_trigger_rotation(
     project_id: ProjectIdPath, name: TriggerNamePath, request: Request
 ) -> dict[str, Any]:
@@ -325,7 +363,7 @@ async def post_trigger_rotation(
     return await _shown(request, rotated)
 
 
-@router.patch("/triggers/{trigger_id}", responses=NOT_FOUND)
+@router.patch("/triggers/{trigger_id}", responses=NOT_FOUND, operation_id="updateTrigger")
 async def patch_trigger(
     trigger_id: TriggerIdPath, body: TriggerFields, request: Request
 ) -> dict[str, Any]:
@@ -384,7 +422,7 @@ class BreakerForce(BaseModel):
     )
 
 
-@router.put("/lanes/{lane}/keys/{key:key}")
+@router.put("/lanes/{lane}/keys/{key:key}", operation_id="setKeyPolicy")
 async def put_key_policy(
     lane: LanePath, key: KeyPath, body: KeyPolicy, request: Request
 ) -> dict[str, Any]:
@@ -392,24 +430,42 @@ async def put_key_policy(
     return await _apply(request, set_key_policy(lane, key, **body.model_dump(exclude_unset=True)))  # type: ignore[no-any-return]
 
 
-@router.get("/lanes/{lane}/keys")
-async def get_key_policies(lane: LanePath, request: Request) -> list[dict[str, Any]]:
-    return await _apply(request, list_key_policies(lane))  # type: ignore[no-any-return]
+@router.get("/lanes/{lane}/keys", responses=PAGED, operation_id="listKeyPolicies")
+async def get_key_policies(
+    lane: LanePath,
+    request: Request,
+    response: Response,
+    limit: PageSize = MAX_PAGE_SIZE,
+    cursor: Cursor = None,
+) -> list[dict[str, Any]]:
+    """The lane's key policies, its default (key ``*``) first, then by key, a page at a
+    time."""
+    after = read_cursor(cursor, str, str)
+    steps = list_key_policies(lane, after=after, limit=limit + 1)
+    found = await _apply(request, steps)
+    shown, link = page(request, found, limit, lambda p: [p["lane"], p["key"]])
+    response.headers.update(link)
+    return shown
 
 
-@router.delete("/lanes/{lane}/keys/{key:key}", status_code=204, responses=NOT_FOUND)
+@router.delete(
+    "/lanes/{lane}/keys/{key:key}",
+    status_code=204,
+    responses=NOT_FOUND,
+    operation_id="deleteKeyPolicy",
+)
 async def delete_key_policy(lane: LanePath, key: KeyPath, request: Request) -> None:
     if not await _apply(request, clear_key_policy(lane, key)):
         raise HTTPException(404, f"no policy for key {key!r} in lane {lane!r}")
 
 
-@router.get("/breakers")
+@router.get("/breakers", operation_id="listBreakers")
 async def get_breakers(request: Request, lane: LaneQuery = None) -> list[dict[str, Any]]:
     """The circuit breakers that are open, half-open, forced, or counting failures."""
     return await _apply(request, list_breakers(lane))  # type: ignore[no-any-return]
 
 
-@router.put("/lanes/{lane}/breakers/{key:key}")
+@router.put("/lanes/{lane}/breakers/{key:key}", operation_id="setBreaker")
 async def put_breaker(
     lane: LanePath, key: KeyPath, body: BreakerForce, request: Request
 ) -> dict[str, Any]:
@@ -453,7 +509,10 @@ class NewSchedule(ScheduleFields):
 
 
 @router.post(
-    "/projects/{project_id}/schedules", status_code=201, responses={**NOT_FOUND, **CONFLICT}
+    "/projects/{project_id}/schedules",
+    status_code=201,
+    responses={**NOT_FOUND, **CONFLICT},
+    operation_id="createSchedule",
 )
 async def post_schedule(
     project_id: ProjectIdPath, body: NewSchedule, request: Request
@@ -465,25 +524,38 @@ async def post_schedule(
     return JSONAnswer(await _apply(request, steps), status_code=201)
 
 
-@router.get("/schedules")
+@router.get("/schedules", responses=PAGED, operation_id="listSchedules")
 async def get_schedules(
     request: Request,
     project: Annotated[
         str | None, Query(pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
     ] = None,
+    limit: PageSize = MAX_PAGE_SIZE,
+    cursor: Cursor = None,
 ) -> JSONAnswer:
-    """Schedules (of a project, or of all): next tick, last run and its state, errors."""
-    return JSONAnswer(await _apply(request, list_schedules(project)))
+    """Schedules (of a project, or of all) by project and name, a page at a time: next
+    tick, last run and its state, errors."""
+    after = read_cursor(cursor, str, str)
+    steps = list_schedules(project, limit=limit + 1, after=after)
+    found = await _apply(request, steps)
+    shown, link = page(request, found, limit, lambda s: [s["project"], s["name"]])
+    return JSONAnswer(shown, headers=link)
 
 
-@router.get("/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND)
+@router.get(
+    "/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND, operation_id="getSchedule"
+)
 async def get_one_schedule(
     project_id: ProjectIdPath, name: ScheduleNamePath, request: Request
 ) -> JSONAnswer:
     return JSONAnswer(await _apply(request, get_schedule(project_id, name)))
 
 
-@router.patch("/projects/{project_id}/schedules/{name:key}", responses=NOT_FOUND | CONFLICT)
+@router.patch(
+    "/projects/{project_id}/schedules/{name:key}",
+    responses=NOT_FOUND | CONFLICT,
+    operation_id="updateSchedule",
+)
 async def patch_schedule(
     project_id: ProjectIdPath, name: ScheduleNamePath, body: ScheduleFields, request: Request
 ) -> JSONAnswer:
@@ -495,7 +567,12 @@ async def patch_schedule(
     return JSONAnswer(await _apply(request, steps))
 
 
-@router.delete("/projects/{project_id}/schedules/{name:key}", status_code=204, responses=NOT_FOUND)
+@router.delete(
+    "/projects/{project_id}/schedules/{name:key}",
+    status_code=204,
+    responses=NOT_FOUND,
+    operation_id="deleteSchedule",
+)
 async def delete_one_schedule(
     project_id: ProjectIdPath, name: ScheduleNamePath, request: Request
 ) -> None:

@@ -15,13 +15,13 @@ from tidegate.storage.sql import Statement, Steps
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", operation_id="getHealth")
 async def healthz() -> dict[str, str]:
     """The process is up (it does not look at the database)."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", operation_id="getReadiness")
 async def readyz(request: Request) -> JSONResponse:
     """Ready to serve webhooks: the database answers, its schema is the one this code
     needs, and at least one worker is alive (it heartbeated within three intervals).

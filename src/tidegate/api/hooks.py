@@ -43,6 +43,7 @@ from tidegate.api.guard import CLOSE
 from tidegate.api.kernel import (
     CLIENT_GONE,
     Api,
+    ProblemType,
     client_gone,
     database_problem,
     problem,
@@ -57,7 +58,7 @@ from tidegate.runs import REPLY_KEY, Run, RunState, get_run
 from tidegate.signatures import MisconfiguredSecret
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
-from tidegate.webhooks import Invalid, Trigger, find_trigger, validate
+from tidegate.webhooks import Invalid, MalformedJSON, Trigger, find_trigger, validate
 
 router = APIRouter(tags=["webhooks"])
 log = logging.getLogger("tidegate.ingress")
@@ -93,6 +94,10 @@ outcome names (a 422 or a 500 from a database error: a bug) is counted as
 ``status_<status>``."""
 
 
+VERDICT_TYPES = {Verdict.KEY_REUSED: ProblemType.IDEMPOTENCY_KEY_REUSED}
+"""The problem type of a refusal whose status alone does not name it."""
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -105,11 +110,13 @@ class BodyTooLarge(Exception):
         202: {"description": "accepted: durable, will run (or still running, for sync)"},
         **problem_responses(
             **{
-                "400": "malformed JSON, or JSON PostgreSQL cannot store (the title says why)",
+                "400": "malformed JSON, or JSON PostgreSQL cannot store (the detail says why)",
                 "401": "bad or missing signature",
                 "404": "unknown or disabled trigger",
                 "413": "body (with the headers kept) over the trigger's limit",
                 "415": "content type is not JSON",
+                "422": "the idempotency key (Idempotency-Key, or webhook-id) of an earlier "
+                "request, with another body",
                 "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit), "
                 "or its event streams at their bound",
                 "502": "sync trigger: the run failed (its id is in the body)",
@@ -125,6 +132,7 @@ class BodyTooLarge(Exception):
             "content": {"application/json": {"schema": {}}},
         }
     },
+    operation_id="receiveWebhook",
 )
 async def receive(token: str, request: Request) -> Response:
     """Receive one webhook."""
@@ -178,7 +186,7 @@ def _record(ingress: Api, note: Note, response: Response, seconds: float, admitt
     limit = ingress.settings.webhook_log_body_bytes
     detail = ""
     if response.media_type == "application/problem+json":
-        detail = json.loads(bytes(response.body)).get("title", "")
+        detail = json.loads(bytes(response.body)).get("detail", "")
     ingress.ledger.keep(
         LoggedRequest(
             trigger_id=trigger.id,
@@ -230,9 +238,12 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         )
     except MisconfiguredSecret as error:
         log.error("trigger %d (%s): its secret is invalid: %s", trigger.id, trigger.name, error)
-        return problem(401, "bad signature")
+        return problem(ProblemType.BAD_SIGNATURE, "bad signature")
+    except MalformedJSON as malformed:
+        return problem(ProblemType.MALFORMED_JSON, malformed.title)
     except Invalid as invalid:
-        return problem(invalid.status, invalid.title, **invalid.extra)
+        kind = ProblemType.BAD_SIGNATURE if invalid.status == 401 else invalid.status
+        return problem(kind, invalid.title, **invalid.extra)
     note.idempotency_key = idempotency_key
 
     stream_after = None
@@ -260,7 +271,9 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         )
         note.outcome = Verdict(decision["decision"])
         note.run_id = decision["run_id"]
-        response = await _answer(ingress, trigger, decision, stream_after, give_back)
+        response = await _answer(
+            ingress, trigger, decision, idempotency_key, stream_after, give_back
+        )
         return response
     finally:
         if not isinstance(response, events.EventStream):  # no stream: its place is free
@@ -271,6 +284,7 @@ async def _answer(
     ingress: Api,
     trigger: Trigger,
     decision: dict[str, Any],
+    idempotency_key: str | None,
     stream_after: int | None,
     give_back: Callable[[], None],
 ) -> Response:
@@ -282,11 +296,16 @@ async def _answer(
     verdict = Verdict(decision["decision"])
     refusal = verdict.refusal
     if refusal is not None:
+        detail = refusal.detail.format(
+            key=trigger.run_key, task=trigger.task, idempotency_key=idempotency_key
+        )
+        kind = VERDICT_TYPES.get(verdict, refusal.status)
+        if refusal.wait is None:
+            return problem(kind, detail)
         wait = refusal.wait(decision["retry_after"])
         fields = LIMIT_FIELDS[refusal.limits](decision, 0, wait) if refusal.limits else {}
         extra = {"cap": decision["fast_lane_cap"]} if refusal.limits == "fast_lane" else {}
-        title = refusal.title.format(key=trigger.run_key, task=trigger.task)
-        return problem(refusal.status, title, {**fields, "Retry-After": str(wait)}, **extra)
+        return problem(kind, detail, {**fields, "Retry-After": str(wait)}, **extra)
     limits = _rate_limit_headers(decision)
     run_id = decision["run_id"]
     if verdict is Verdict.REPLAYED:

@@ -249,6 +249,7 @@ def exposition(figures: Figures) -> bytes:
     "/metrics",
     response_class=Response,
     responses={200: {"description": "Prometheus text format", "content": {CONTENT_TYPE: {}}}},
+    operation_id="getMetrics",
 )
 async def metrics(request: Request) -> Response:
     """The cluster's figures for Prometheus (the super admin's token)."""

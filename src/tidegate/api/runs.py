@@ -25,7 +25,16 @@ from tidegate.access import Caller
 from tidegate.api import events
 from tidegate.api.auth import BEARER, current_caller
 from tidegate.api.events import EVENT_STREAM
-from tidegate.api.kernel import AUTH_RESPONSES, Api, problem_responses
+from tidegate.api.kernel import (
+    AUTH_RESPONSES,
+    PAGED,
+    Api,
+    Cursor,
+    PageSize,
+    page,
+    problem_responses,
+    read_cursor,
+)
 from tidegate.api.streams import Full
 from tidegate.errors import InputError
 from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
@@ -69,7 +78,7 @@ async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
     return found
 
 
-@router.get("/{run_id}", responses={**A_RUN, **NOT_FOUND})
+@router.get("/{run_id}", responses={**A_RUN, **NOT_FOUND}, operation_id="getRun")
 async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """A run: state, lane, attempts, result, errors, timings."""
     return JSONResponse(_shown(await _visible(request, caller, run_id), caller))
@@ -94,6 +103,7 @@ async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JS
         ),
         **NOT_FOUND,
     },
+    operation_id="streamRunEvents",
 )
 async def stream_run_events(
     run_id: RunIdPath,
@@ -128,7 +138,11 @@ async def stream_run_events(
     )
 
 
-@router.get("", responses={200: {"description": "the newest runs, newest first"}})
+@router.get(
+    "",
+    responses={**PAGED, 200: {**PAGED[200], "description": "the newest runs, newest first"}},
+    operation_id="listRuns",
+)
 async def list_runs(
     request: Request,
     caller: Authorized,
@@ -140,9 +154,11 @@ async def list_runs(
     ] = None,
     state: RunState | None = None,
     task: Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT_CHARS)] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+    limit: PageSize = 50,
+    cursor: Cursor = None,
 ) -> JSONResponse:
-    """The newest runs matching every filter given."""
+    """The newest runs matching every filter given, a page at a time."""
+    before = read_cursor(cursor, int)
     if not caller.admin:
         if project not in (None, caller.project):
             raise HTTPException(403, "a project token lists its own project's runs only")
@@ -153,13 +169,17 @@ async def list_runs(
             lane=lane,
             state=state.value if state else None,
             task=task,
-            limit=limit,
+            limit=limit + 1,
+            before=before[0] if before else None,
         )
     )
-    return JSONResponse([_shown(run, caller) for run in found])
+    shown, link = page(request, found, limit, lambda run: [run.id])
+    return JSONResponse([_shown(run, caller) for run in shown], headers=link)
 
 
-@router.post("/{run_id}/retry", responses={**A_RUN, **NOT_FOUND, **CONFLICT})
+@router.post(
+    "/{run_id}/retry", responses={**A_RUN, **NOT_FOUND, **CONFLICT}, operation_id="retryRun"
+)
 async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """Run a finished run again, in the ``manual`` lane."""
     await _visible(request, caller, run_id)
@@ -171,7 +191,7 @@ async def retry_run(run_id: RunIdPath, request: Request, caller: Authorized) -> 
     return JSONResponse(_shown(retried[0], caller))
 
 
-@router.post("/retry")
+@router.post("/retry", operation_id="retryRuns")
 async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> dict[str, Any]:
     """Run many finished runs again, in the ``default`` lane; unfinished ones are left."""
     api: Api = request.app.state.api
@@ -184,7 +204,9 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
     return {"retried": sorted(run.id for run in retried)}
 
 
-@router.post("/{run_id}/cancel", responses={**A_RUN, **NOT_FOUND, **CONFLICT})
+@router.post(
+    "/{run_id}/cancel", responses={**A_RUN, **NOT_FOUND, **CONFLICT}, operation_id="cancelRun"
+)
 async def cancel_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
     """Cancel a run that has not finished. A running attempt's worker learns it at its
     next heartbeat: an async handler is cancelled, a sync one's outcome is not recorded."""

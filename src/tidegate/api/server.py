@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import psycopg
 from fastapi import FastAPI, Request
@@ -31,6 +30,7 @@ from tidegate.api.guard import Guard
 from tidegate.api.kernel import (
     COMMON_RESPONSES,
     Api,
+    ProblemType,
     client_gone,
     database_problem,
     problem,
@@ -83,13 +83,29 @@ def create_server(settings: Settings | None = None) -> FastAPI:
 
     @server.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        return problem(422, "invalid request", errors=jsonable_errors(error))
+        return validation_problem(error)
 
     return server
 
 
-def jsonable_errors(error: RequestValidationError) -> list[dict[str, Any]]:
-    return [
+def validation_problem(error: RequestValidationError) -> JSONResponse:
+    """A body that does not parse is malformed (400, where it broke); one that parses but
+    fails the models' checks is invalid (422, with each failing value's location in
+    ``errors``)."""
+    errors = error.errors()
+    for e in errors:
+        if e.get("type") == "json_invalid":
+            where = e.get("loc", ())[-1]
+            reason = (e.get("ctx") or {}).get("error", e.get("msg", ""))
+            return problem(
+                ProblemType.MALFORMED_JSON, f"the body is not JSON: {reason} (at character {where})"
+            )
+    detail = "; ".join(
+        f"{'.'.join(str(part) for part in e.get('loc', ()))}: {e.get('msg', '')}"
+        for e in errors[:3]
+    )
+    jsonable = [
         {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-        for e in error.errors()
+        for e in errors
     ]
+    return problem(ProblemType.INVALID_REQUEST, detail or "invalid request", errors=jsonable)

@@ -40,7 +40,18 @@ from tidegate.access import WorkerCaller
 from tidegate.api.auth import BEARER
 from tidegate.api.claims import Busy
 from tidegate.api.events import disconnected
-from tidegate.api.kernel import AUTH_RESPONSES, Api, JSONAnswer, problem_responses
+from tidegate.api.kernel import (
+    AUTH_RESPONSES,
+    MAX_PAGE_SIZE,
+    PAGED,
+    Api,
+    Cursor,
+    JSONAnswer,
+    PageSize,
+    page,
+    problem_responses,
+    read_cursor,
+)
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
 from tidegate.lanes import chain_admits, parse_workloops
@@ -68,7 +79,7 @@ from tidegate.worker.maintenance import rescue
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
 
 WORKER_BEARER = HTTPBearer(
-    auto_error=False, scheme_name="worker token", description="A worker token (tgw_...)."
+    auto_error=False, scheme_name="WorkerToken", description="A worker token (tgw_...)."
 )
 router = APIRouter(
     prefix="/workers",
@@ -278,7 +289,10 @@ class NewWorkerToken(BaseModel):
 
 
 @router.post(
-    "", status_code=201, responses=problem_responses(**{"422": "a chain outside the token's lanes"})
+    "",
+    status_code=201,
+    responses=problem_responses(**{"422": "a chain outside the token's lanes"}),
+    operation_id="registerWorker",
 )
 async def register(body: Registration, request: Request, fleet: Fleet) -> dict[str, Any]:
     """Register a worker: its workloops and tasks. Its id names it in every other call."""
@@ -306,7 +320,7 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
     }
 
 
-@router.post("/{worker_id}/claim", responses={**NOT_YOURS, **BUSY})
+@router.post("/{worker_id}/claim", responses={**NOT_YOURS, **BUSY}, operation_id="claimRuns")
 async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet) -> JSONAnswer:
     """Claim runs for one workloop along its chain: answered as soon as any are claimed,
     or with none after ``wait_seconds`` (a long poll). ``runs``: each as ``GET
@@ -356,7 +370,7 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
         gone.cancel()
 
 
-@router.post("/{worker_id}/heartbeat", responses=NOT_YOURS)
+@router.post("/{worker_id}/heartbeat", responses=NOT_YOURS, operation_id="sendHeartbeat")
 async def heartbeat(
     worker_id: WorkerId, body: Heartbeat, request: Request, fleet: Fleet
 ) -> dict[str, Any]:
@@ -374,7 +388,11 @@ async def heartbeat(
     return {"renewed": sorted(renewed), "lost": sorted(set(body.run_ids) - renewed)}
 
 
-@router.post("/{worker_id}/runs/{run_id}/outcome", responses={**NOT_YOURS, **NOT_HELD})
+@router.post(
+    "/{worker_id}/runs/{run_id}/outcome",
+    responses={**NOT_YOURS, **NOT_HELD},
+    operation_id="reportOutcome",
+)
 async def outcome(
     worker_id: WorkerId, run_id: RunIdPath, body: Report, request: Request, fleet: Fleet
 ) -> dict[str, Any]:
@@ -397,7 +415,7 @@ async def outcome(
     return {"run_id": run_id, "state": reported.state}
 
 
-@router.post("/{worker_id}/complete", responses=NOT_YOURS)
+@router.post("/{worker_id}/complete", responses=NOT_YOURS, operation_id="completeRuns")
 async def complete(
     worker_id: WorkerId, body: Completion, request: Request, fleet: Fleet
 ) -> dict[str, Any]:
@@ -428,7 +446,10 @@ async def complete(
 
 
 @router.post(
-    "/{worker_id}/runs/{run_id}/progress", status_code=204, responses={**NOT_YOURS, **NOT_HELD}
+    "/{worker_id}/runs/{run_id}/progress",
+    status_code=204,
+    responses={**NOT_YOURS, **NOT_HELD},
+    operation_id="reportProgress",
 )
 async def progress(
     worker_id: WorkerId, run_id: RunIdPath, body: Progress, request: Request, fleet: Fleet
@@ -449,7 +470,11 @@ async def progress(
     return Response(status_code=204)
 
 
-@router.get("/{worker_id}/runs/{run_id}/delivery", responses={**NOT_YOURS, **NOT_HELD})
+@router.get(
+    "/{worker_id}/runs/{run_id}/delivery",
+    responses={**NOT_YOURS, **NOT_HELD},
+    operation_id="getDelivery",
+)
 async def delivery(
     worker_id: WorkerId,
     run_id: RunIdPath,
@@ -469,7 +494,7 @@ async def delivery(
     return {"delivery": found.as_json() if found else None}
 
 
-@router.post("/{worker_id}/stop", responses=NOT_YOURS)
+@router.post("/{worker_id}/stop", responses=NOT_YOURS, operation_id="stopWorker")
 async def stop(worker_id: WorkerId, body: Stop, request: Request, fleet: Fleet) -> dict[str, int]:
     """A worker going away: hand back the runs it names, then remove it (its slots stop
     counting at once). Runs it holds and does not name are rescued when their leases
@@ -483,7 +508,12 @@ async def stop(worker_id: WorkerId, body: Stop, request: Request, fleet: Fleet) 
 # -- worker tokens (the super admin's) --------------------------------------------------
 
 
-@admin_router.post("", status_code=201, responses=problem_responses(**{"409": "name taken"}))
+@admin_router.post(
+    "",
+    status_code=201,
+    responses=problem_responses(**{"409": "name taken"}),
+    operation_id="createWorkerToken",
+)
 async def create_token(body: NewWorkerToken, request: Request) -> dict[str, Any]:
     """Create a worker token for the lanes named (``*``: any); shown only this once."""
     api: Api = request.app.state.api
@@ -491,15 +521,27 @@ async def create_token(body: NewWorkerToken, request: Request) -> dict[str, Any]
     return created
 
 
-@admin_router.get("")
-async def list_tokens(request: Request) -> list[dict[str, Any]]:
-    """The worker tokens: lanes, and how many live workers use each."""
+@admin_router.get("", responses=PAGED, operation_id="listWorkerTokens")
+async def list_tokens(
+    request: Request, response: Response, limit: PageSize = MAX_PAGE_SIZE, cursor: Cursor = None
+) -> list[dict[str, Any]]:
+    """The worker tokens by name, a page at a time: lanes, and how many live workers use
+    each."""
     api: Api = request.app.state.api
     live = 3 * api.settings.heartbeat_seconds
-    return await api.run(list_worker_tokens(live))
+    after = read_cursor(cursor, str)
+    steps = list_worker_tokens(live, after=after[0] if after else None, limit=limit + 1)
+    shown, link = page(request, await api.run(steps), limit, lambda t: [t["name"]])
+    response.headers.update(link)
+    return shown
 
 
-@admin_router.delete("/{name}", status_code=204, responses=problem_responses(**{"404": "none"}))
+@admin_router.delete(
+    "/{name}",
+    status_code=204,
+    responses=problem_responses(**{"404": "none"}),
+    operation_id="deleteWorkerToken",
+)
 async def delete_token(
     name: Annotated[str, Path(pattern=r"^[A-Za-z0-9_.-]{1,64}$")], request: Request
 ) -> Response:

@@ -345,7 +345,7 @@ CREATE TABLE request_log (
     project         text        NOT NULL,
     outcome         text        NOT NULL,
     status          smallint    NOT NULL,
-    detail          text        NOT NULL,  -- what the answer said (its problem's title)
+    detail          text        NOT NULL,  -- what the answer said (its problem's detail)
     run_id          bigint,                -- replayed: the run of the original request
     idempotency_key text,
     content_type    text,

@@ -198,10 +198,14 @@ async def project(project_id: ProjectIdPath, request: Request, session: Current)
     """A project's triggers, each with a link to its webhook log."""
     if not session.caller.admin and project_id != session.caller.project:
         raise HTTPException(404, f"no project {project_id}")
-    found = await api_of(request).run(rows("list_projects", {"id": project_id}))
+    found = await api_of(request).run(
+        rows("list_projects", {"id": project_id, "after": None, "limit": None})
+    )
     if not found:
         raise HTTPException(404, f"no project {project_id}")
-    triggers = await api_of(request).run(rows("list_triggers", {"project": project_id, "id": None}))
+    triggers = await api_of(request).run(
+        rows("list_triggers", {"project": project_id, "id": None, "after": None, "limit": None})
+    )
     return render(request, "project.html", project=project_id, triggers=triggers)
 
 

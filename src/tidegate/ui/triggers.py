@@ -46,7 +46,10 @@ SYNC_STATUS = {RunState.SUCCEEDED: 200, RunState.DISCARDED: 502, RunState.CANCEL
 async def _trigger(request: Request, session: Session, trigger_id: int) -> dict[str, Any]:
     """The trigger, if the session may see it; 404 otherwise."""
     found = await api_of(request).run(
-        rows("list_triggers", {"project": session.caller.project, "id": trigger_id})
+        rows(
+            "list_triggers",
+            {"project": session.caller.project, "id": trigger_id, "after": None, "limit": None},
+        )
     )
     if not found:
         raise HTTPException(404, f"no trigger {trigger_id}")

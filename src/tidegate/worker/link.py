@@ -169,12 +169,12 @@ class RemoteLink:
             raise LinkError(f"cannot reach the API at {base}: {error!r}", transient=True) from None
         if response.status_code >= 400:
             try:
-                title = response.json()["title"]
+                said = response.json()["detail"]
             except (ValueError, KeyError, TypeError):
-                title = response.text[:200]
+                said = response.text[:200]
             status = response.status_code
             raise LinkError(
-                f"the API at {base} answered {path} with {status}: {title}",
+                f"the API at {base} answered {path} with {status}: {said}",
                 transient=status in PASSING_STATUSES,
             )
         return response.json() if response.content else None

@@ -2,10 +2,15 @@
 -- (admit_webhook.sql). Checks in order, the first that applies answers; a rejection
 -- inserts nothing:
 --   replayed      a repeat of an admitted request (same idempotency key on the same
---                 trigger): the original run, before any limit. An advisory lock on the
---                 key serializes two copies arriving at once; the second then finds the
---                 first (requests_idempotency). Keys are per trigger: two senders may
---                 well use the same ids.
+--                 trigger, same body): the original run, before any limit. An advisory
+--                 lock on the key serializes two copies arriving at once; the second
+--                 then finds the first (requests_idempotency). Keys are per trigger: two
+--                 senders may well use the same ids.
+--   key_reused    the key of an admitted request with another body: no run (the IETF
+--                 idempotency-key draft's 422). The bodies are compared only here, on a
+--                 repeat: bytea equality looks at the lengths before it reads either
+--                 value, so only a repeat of the same length reads the stored body, and
+--                 an admission without a repeat pays nothing.
 --   rate_limited  the project's ingest rate and burst (GCRA on projects.ingest_tat).
 --   breaker_open  fast lane: the run's key has an open breaker (or one forced open).
 --                 A forwarding trigger's runs are keyed by their destination (its
@@ -73,16 +78,24 @@ DECLARE
     new_run bigint;
     new_request bigint;
     breaker_wait float8;
+    first_run bigint;
+    first_request bigint;
+    same_body boolean;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(
             hashtextextended('tidegate.request/' || p_trigger_id || '/' || p_idempotency_key, 0));
-        RETURN QUERY
-            SELECT 'replayed', r.run_id, r.id, NULL::integer, NULL::integer, NULL::integer,
-                   NULL::integer, NULL::float8
-            FROM requests r
-            WHERE r.trigger_id = p_trigger_id AND r.idempotency_key = p_idempotency_key;
+        SELECT r.run_id, r.id, r.body = p_body INTO first_run, first_request, same_body
+        FROM requests r
+        WHERE r.trigger_id = p_trigger_id AND r.idempotency_key = p_idempotency_key;
+        IF FOUND AND same_body THEN
+            RETURN QUERY SELECT 'replayed', first_run, first_request, NULL::integer,
+                NULL::integer, NULL::integer, NULL::integer, NULL::float8;
+            RETURN;
+        END IF;
         IF FOUND THEN
+            RETURN QUERY SELECT 'key_reused', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, NULL::integer, NULL::integer, NULL::float8;
             RETURN;
         END IF;
     END IF;

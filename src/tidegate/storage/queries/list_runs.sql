@@ -1,4 +1,5 @@
--- Newest first; every filter is optional (NULL matches all). Runs in flight come from
+-- Newest first; every filter is optional (NULL matches all); a page starts after the
+-- keyset %(before)s (the last id of the page before). Runs in flight come from
 -- runs_running (at most the workers' slots), ready runs from the claim's indexes, the
 -- others through the index their filter needs (runs_project holds neither: see
 -- schema.sql); each part is read only where the state filter lets it have rows.
@@ -11,6 +12,7 @@ SELECT * FROM (
        AND (%(key)s::text IS NULL OR key = %(key)s)
        AND state NOT IN ('available', 'running')
        AND coalesce(%(state)s::run_state NOT IN ('available', 'running'), true)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
      ORDER BY id DESC
      LIMIT %(limit)s)
     UNION ALL
@@ -19,6 +21,7 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
        AND (%(key)s::text IS NULL OR key = %(key)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state = 'running' AND coalesce(%(state)s::run_state = 'running', true)
      ORDER BY id DESC
      LIMIT %(limit)s)
@@ -28,6 +31,7 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
        AND (%(key)s::text IS NULL OR key = %(key)s)
+       AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state = 'available' AND coalesce(%(state)s::run_state = 'available', true)
      ORDER BY id DESC
      LIMIT %(limit)s)
