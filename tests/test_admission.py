@@ -26,6 +26,7 @@ from tests.http_fixtures import (
     create_project,
     create_trigger,
 )
+from tidegate.admission import PLACE_FIELD
 
 FAST_LANE_POLICY = '"fast_lane";q={cap};qu="concurrent-requests"'
 
@@ -292,12 +293,17 @@ async def test_ingest_rate_admits_the_burst_then_asks_to_wait(
     assert repeat.headers["idempotent-replayed"] == "true"
     assert repeat.json()["run_id"] == admitted[0].json()["run_id"]
 
-    await asyncio.sleep(max(waits))
-    # A rejected webhook was not remembered: sent again, it is new.
+    # The first in the waiting room, sent again at its time with its place, is admitted;
+    # a rejected webhook was not remembered: sent again, it is new.
+    first = min(rejected, key=lambda r: float(r.headers[PLACE_FIELD].split("due=")[1]))
+    await asyncio.sleep(int(first.headers["retry-after"]))
     again = await client.post(
         trigger["url"],
         json={},
-        headers={"Idempotency-Key": rejected[0].request.headers["idempotency-key"]},
+        headers={
+            "Idempotency-Key": first.request.headers["idempotency-key"],
+            PLACE_FIELD: first.headers[PLACE_FIELD],
+        },
     )
     assert again.status_code == 202, again.text
     assert "idempotent-replayed" not in again.headers
@@ -319,10 +325,11 @@ async def test_backlog_cap_gets_503_when_the_lane_is_full(
     assert_problem(full, 503)
     assert int(full.headers["retry-after"]) >= 1
     assert counts(sql) == (3, 3)
-    # Raising the cap makes room at once.
+    # Raising the cap makes room at once, for the caller first in line.
     patched = await client.patch("/admin/projects/acme", json={"backlog_cap": 4}, headers=ADMIN)
     assert patched.status_code == 200, patched.text
-    assert (await client.post(trigger["url"], json={"n": 3})).status_code == 202
+    place = {PLACE_FIELD: full.headers[PLACE_FIELD]}
+    assert (await client.post(trigger["url"], json={"n": 3}, headers=place)).status_code == 202
     assert counts(sql) == (4, 4)
 
 
@@ -373,11 +380,13 @@ async def test_a_dead_workers_fast_lane_runs_hold_their_places_until_rescued(
         worker.kill()
         worker.wait(10)
         killed_at = time.monotonic()
-        while True:
-            response = await client.post(sync["url"], json={"seconds": 0})
+        place: dict[str, str] = {}
+        while True:  # a caller that keeps its place in the waiting room
+            response = await client.post(sync["url"], json={"seconds": 0}, headers=place)
             if response.status_code != 429:
                 break
             check_over_cap(response, 2)
+            place = {PLACE_FIELD: response.headers[PLACE_FIELD]}
             assert time.monotonic() - killed_at < 30, "the dead worker's runs were never rescued"
             await asyncio.sleep(0.2)
         assert assert_problem(response, 503)["title"].startswith("no live worker has task")

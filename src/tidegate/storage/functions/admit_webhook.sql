@@ -169,7 +169,7 @@ BEGIN
             -- runs, 9 in 10 of them as fast) / cap seconds; a second without any.
             SELECT coalesce(percentile_cont(0.9) WITHIN GROUP (
                        ORDER BY extract(epoch FROM recent.completed_at - recent.attempted_at)), 1)
-                   / cap
+                   / greatest(cap, 1)
             INTO spacing
             FROM (
                 SELECT runs.completed_at, runs.attempted_at FROM runs
