@@ -370,7 +370,8 @@ CREATE TABLE waiting_places (
     -- What the caller holds (the Tidegate-Place field): random, so a forged one finds
     -- no place.
     ticket     uuid        NOT NULL DEFAULT gen_random_uuid(),
-    -- When the caller was told room would be free for it (Retry-After, to the fraction).
+    -- When the caller was told to come back (Retry-After, whole seconds): the promise
+    -- the places behind it are scheduled from.
     due_at     timestamptz NOT NULL,
     lapses_at  timestamptz NOT NULL
 );
