@@ -4,6 +4,8 @@ the order they were given, whichever API process each caller reaches."""
 from __future__ import annotations
 
 import asyncio
+import math
+import re
 import uuid
 from collections.abc import Callable
 
@@ -42,7 +44,9 @@ async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
         early = await first.post(url, json={"caller": "b"}, headers=place_of(b))
         assert early.headers[PLACE_FIELD].split(";")[0] == b.headers[PLACE_FIELD].split(";")[0]
         assert ";ahead=1;" in early.headers[PLACE_FIELD]
-        assert (await second.post(url, json={"caller": "a"}, headers=place_of(a))).status_code == 202
+        assert (
+            await second.post(url, json={"caller": "a"}, headers=place_of(a))
+        ).status_code == 202
 
         # b gives up; c, refused after it, gets in once b's place has lapsed.
         c = await second.post(url, json={"caller": "c"})
@@ -87,6 +91,13 @@ async def test_a_forged_ticket_is_a_newcomer_and_no_ticket_still_gets_an_exact_4
         assert_problem(refused, 429)
         assert int(refused.headers["retry-after"]) >= 1
         assert ";ahead=0;" in refused.headers[PLACE_FIELD]
+        # The RateLimit field says what the whole seconds round up: the due time.
+        due = re.search(r";t=(\d+);due=(\d+\.\d{3})$", refused.headers["ratelimit"])
+        assert due, refused.headers["ratelimit"]
+        assert (
+            int(due[1]) == int(refused.headers["retry-after"]) == max(1, math.ceil(float(due[2])))
+        )
+        assert refused.headers[PLACE_FIELD].endswith(f";due={due[2]}")
         # A forged ticket does not jump the line: it goes behind the real place.
         forged = await client.post(url, json={}, headers={PLACE_FIELD: str(uuid.uuid4())})
         assert_problem(forged, 429)

@@ -15,6 +15,8 @@ the ``Tidegate-Place`` field and a ``Retry-After`` that is when room will be fre
 it. Room goes to the places first in line; a caller that sends its ticket back at its
 time is admitted before anyone refused after it, and a place whose caller does not come
 back within ``PLACE_GRACE_SECONDS`` of its time lapses (docs/waiting-room.md).
+``Retry-After`` is whole seconds, rounded up: the due time to the millisecond is the
+``due`` parameter of the ``RateLimit`` field (and of ``PLACE_FIELD``).
 """
 
 from __future__ import annotations

@@ -309,6 +309,10 @@ async def _answer(
         wait = refusal.wait(decision["retry_after"])
         fields = LIMIT_FIELDS[refusal.limits](decision, 0, wait) if refusal.limits else {}
         extra = {"cap": decision["fast_lane_cap"]} if refusal.limits == "fast_lane" else {}
+        if refusal.limits and decision["retry_after"] is not None:
+            # What the whole seconds of t and Retry-After round up: the due time, to the
+            # millisecond (a parameter the draft's clients ignore).
+            fields["RateLimit"] += f";due={max(decision['retry_after'], 0):.3f}"
         if decision["place"] is not None:
             fields[PLACE_FIELD] = place_field(
                 decision["place"], decision["place_ahead"], decision["retry_after"]
