@@ -204,7 +204,9 @@ def _admission_ms(url: str, schema: str, base: str) -> dict[str, dict[str, float
             spent = []
             for k in paced(ADMISSION_CALLS + 20, 0.005):
                 started = time.perf_counter()
-                row = conn.execute(admit, _admit_params(schema, trigger, lane, k, headers)).fetchone()
+                row = conn.execute(
+                    admit, _admit_params(schema, trigger, lane, k, headers)
+                ).fetchone()
                 if k >= 20:  # the first warm the caches and prepare the statement
                     spent.append((time.perf_counter() - started) * 1000)
                 # no_capacity: the fast lane's 4 slots were busy; it comes after every
@@ -232,10 +234,11 @@ def one_round(url: str, seconds: float, progress: Callable[[str], None]) -> dict
 
 
 def _line(figures: dict[str, Any]) -> str:
+    error, wait = figures["error"], figures["actual_wait"]
     return (
         f"refused again {figures['refused_again']:.0%} of {figures['returns']} returns, "
-        f"error p50 {figures['error'].get('p50', 0):.2f} p90 {figures['error'].get('p90', 0):.2f}, "
-        f"overtaken {figures['overtaken']:.0%}, wait p50 {figures['actual_wait'].get('p50', 0):.1f} s"
+        f"error p50 {error.get('p50', 0):.2f} p90 {error.get('p90', 0):.2f}, "
+        f"overtaken {figures['overtaken']:.0%}, wait p50 {wait.get('p50', 0):.1f} s"
     )
 
 
@@ -268,14 +271,15 @@ def render(rounds: list[dict[str, Any]]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in WORKLOADS:
-        m = lambda *path: _median(rounds, name, *path)  # noqa: E731
+        m = lambda *path, name=name: _median(rounds, name, *path)  # noqa: E731
         lines.append(
             f"| {name} | {m('refused_again'):.0%} | {m('error', 'p50'):.2f} "
             f"| {m('error', 'p90'):.2f} | {m('overtaken'):.0%} | {m('retry_after', 'p50'):.1f} s "
             f"| {m('actual_wait', 'p50'):.1f} s | {m('admitted'):.0f} |"
         )
     lines.append(
-        f"\nA rate of {TINY_RATE}/s: Retry-After {_median(rounds, 'tiny_rate', 'retry_after'):.0f} s, "
+        f"\nA rate of {TINY_RATE}/s: "
+        f"Retry-After {_median(rounds, 'tiny_rate', 'retry_after'):.0f} s, "
         f"true wait {_median(rounds, 'tiny_rate', 'true_wait'):.0f} s. Admission "
         f"(admit_webhook, admitted path) p50/p99: fast lane "
         f"{_median(rounds, 'admission_ms', 'fast_lane', 'p50'):.2f}/"
