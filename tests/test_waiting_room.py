@@ -8,6 +8,7 @@ import math
 import re
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import psycopg
@@ -103,3 +104,39 @@ async def test_a_forged_ticket_is_a_newcomer_and_no_ticket_still_gets_an_exact_4
         assert_problem(forged, 429)
         assert ";ahead=1;" in forged.headers[PLACE_FIELD]
     assert counts(sql) == (2, 2)
+
+
+def example_client() -> Callable[..., httpx.Response]:
+    """The ``deliver`` of docs/waiting-room.md, from its Python block as it is."""
+    text = (Path(__file__).parent.parent / "docs" / "waiting-room.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    namespace: dict[str, object] = {}
+    exec(block, namespace)
+    return namespace["deliver"]  # type: ignore[return-value]
+
+
+async def test_the_example_client_of_the_docs_gets_in_in_the_order_it_was_refused(
+    api: ApiServer, sql: psycopg.Connection
+) -> None:
+    deliver = example_client()
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=1, ingest_burst=1)
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+    firsts: list[tuple[int, str]] = []  # each webhook's first answer: (places ahead, key)
+
+    def note(response: httpx.Response) -> None:
+        if PLACE_FIELD not in response.request.headers:
+            place = response.headers.get(PLACE_FIELD, ";ahead=-1;")
+            ahead = int(place.split(";ahead=")[1].split(";")[0])
+            firsts.append((ahead, response.request.headers["idempotency-key"]))
+
+    with httpx.Client(base_url=api.url, timeout=20, event_hooks={"response": [note]}) as http:
+        done = await asyncio.gather(
+            *(asyncio.to_thread(deliver, http, url, {"n": n}, f"k{n}") for n in range(4))
+        )
+    assert [a.status_code for a in done] == [202] * 4
+    # Admitted in turn: the one that found room, then the others in their places' order.
+    admitted = sql.execute("SELECT idempotency_key FROM requests ORDER BY id").fetchall()
+    assert [key for (key,) in admitted] == [key for _, key in sorted(firsts)]
+    assert [ahead for ahead, _ in sorted(firsts)] == [-1, 0, 1, 2]
+    assert sql.execute("SELECT count(*) FROM waiting_places").fetchone() == (0,)
