@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -104,6 +105,23 @@ async def test_a_forged_ticket_is_a_newcomer_and_no_ticket_still_gets_an_exact_4
         assert_problem(forged, 429)
         assert ";ahead=1;" in forged.headers[PLACE_FIELD]
     assert counts(sql) == (2, 2)
+
+
+async def test_a_place_is_due_an_interval_after_the_whole_second_told_to_the_one_ahead(
+    api: ApiServer,
+) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=2, ingest_burst=1)
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+        assert (await client.post(url, json={})).status_code == 202
+        sent = time.monotonic()
+        a = await client.post(url, json={"caller": "a"})
+        b = await client.post(url, json={"caller": "b"})
+        since_a = time.monotonic() - sent
+    # a comes back no sooner than the whole seconds it was told, so b's room frees one
+    # interval (0.5 s) after that: b's due time, counted from a's refusal, is no earlier.
+    due_b = float(place_of(b)[PLACE_FIELD].split("due=")[1])
+    assert due_b + since_a >= int(a.headers["retry-after"]) + 0.5
 
 
 def example_client() -> Callable[..., httpx.Response]:
