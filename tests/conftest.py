@@ -60,6 +60,9 @@ def admission(trigger: dict[str, Any], key: str) -> dict[str, Any]:
         "default_fast_lane_cap": 10,
         "live_seconds": 6.0,
         "channel": "c",
+        "ticket": None,
+        "place_grace": 2.0,
+        "max_places": 10_000,
     }
 
 

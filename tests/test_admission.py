@@ -8,6 +8,7 @@ PostgreSQL (the runs' claim and completion times, and the handler's own records)
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from datetime import datetime
@@ -26,6 +27,7 @@ from tests.http_fixtures import (
     create_project,
     create_trigger,
 )
+from tidegate.admission import PLACE_FIELD
 
 FAST_LANE_POLICY = '"fast_lane";q={cap};qu="concurrent-requests"'
 
@@ -57,7 +59,9 @@ def check_fast_lane_fields(response: httpx.Response, cap: int) -> int:
     remaining = int(headers["ratelimit-remaining"])
     reset = int(headers["ratelimit-reset"])
     assert 0 <= remaining <= max(cap - 1, 0)
-    assert headers["ratelimit"] == f'"fast_lane";r={remaining};t={reset}'
+    # A refusal adds the due time that t rounds up (due=, to the millisecond).
+    due = r"(;due=\d+\.\d{3})?"
+    assert re.fullmatch(rf'"fast_lane";r={remaining};t={reset}{due}', headers["ratelimit"])
     return remaining
 
 
@@ -70,6 +74,7 @@ def check_over_cap(response: httpx.Response, cap: int) -> None:
     assert check_fast_lane_fields(response, cap) == 0
     reset = int(response.headers["ratelimit-reset"])
     assert 1 <= reset <= int(retry_after)  # Retry-After is not earlier than t
+    assert ";due=" in response.headers["ratelimit"]
 
 
 async def test_fast_lane_cap_holds_across_api_processes_under_a_burst(
@@ -275,7 +280,9 @@ async def test_ingest_rate_admits_the_burst_then_asks_to_wait(
         wait = response.headers["retry-after"]
         assert wait.isdigit() and 1 <= int(wait) <= 60
         assert response.headers["ratelimit-policy"] == '"ingest";q=2;qu="requests"'
-        assert response.headers["ratelimit"] == f'"ingest";r=0;t={wait}'
+        assert re.fullmatch(
+            rf'"ingest";r=0;t={wait};due=\d+\.\d{{3}}', response.headers["ratelimit"]
+        )
         assert (response.headers["ratelimit-limit"], response.headers["ratelimit-remaining"]) == (
             "2",
             "0",
@@ -292,12 +299,17 @@ async def test_ingest_rate_admits_the_burst_then_asks_to_wait(
     assert repeat.headers["idempotent-replayed"] == "true"
     assert repeat.json()["run_id"] == admitted[0].json()["run_id"]
 
-    await asyncio.sleep(max(waits))
-    # A rejected webhook was not remembered: sent again, it is new.
+    # The first in the waiting room, sent again at its time with its place, is admitted;
+    # a rejected webhook was not remembered: sent again, it is new.
+    first = min(rejected, key=lambda r: float(r.headers[PLACE_FIELD].split("due=")[1]))
+    await asyncio.sleep(int(first.headers["retry-after"]))
     again = await client.post(
         trigger["url"],
         json={},
-        headers={"Idempotency-Key": rejected[0].request.headers["idempotency-key"]},
+        headers={
+            "Idempotency-Key": first.request.headers["idempotency-key"],
+            PLACE_FIELD: first.headers[PLACE_FIELD],
+        },
     )
     assert again.status_code == 202, again.text
     assert "idempotent-replayed" not in again.headers
@@ -319,10 +331,11 @@ async def test_backlog_cap_gets_503_when_the_lane_is_full(
     assert_problem(full, 503)
     assert int(full.headers["retry-after"]) >= 1
     assert counts(sql) == (3, 3)
-    # Raising the cap makes room at once.
+    # Raising the cap makes room at once, for the caller first in line.
     patched = await client.patch("/admin/projects/acme", json={"backlog_cap": 4}, headers=ADMIN)
     assert patched.status_code == 200, patched.text
-    assert (await client.post(trigger["url"], json={"n": 3})).status_code == 202
+    place = {PLACE_FIELD: full.headers[PLACE_FIELD]}
+    assert (await client.post(trigger["url"], json={"n": 3}, headers=place)).status_code == 202
     assert counts(sql) == (4, 4)
 
 
@@ -373,11 +386,13 @@ async def test_a_dead_workers_fast_lane_runs_hold_their_places_until_rescued(
         worker.kill()
         worker.wait(10)
         killed_at = time.monotonic()
-        while True:
-            response = await client.post(sync["url"], json={"seconds": 0})
+        place: dict[str, str] = {}
+        while True:  # a caller that keeps its place in the waiting room
+            response = await client.post(sync["url"], json={"seconds": 0}, headers=place)
             if response.status_code != 429:
                 break
             check_over_cap(response, 2)
+            place = {PLACE_FIELD: response.headers[PLACE_FIELD]}
             assert time.monotonic() - killed_at < 30, "the dead worker's runs were never rescued"
             await asyncio.sleep(0.2)
         assert assert_problem(response, 503)["detail"].startswith("no live worker has task")

@@ -18,8 +18,15 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import running_worker, wait_until
-from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project
+from tests.http_fixtures import (
+    ADMIN,
+    ApiServer,
+    assert_problem,
+    create_project,
+    create_trigger,
+)
 from tidegate import NewRun, RunState, Tidegate
+from tidegate.admission import PLACE_FIELD
 from tidegate.schedules import create_schedule, update_schedule
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -27,6 +34,7 @@ CLOCKED = (
     "tidegate_lane_lag_seconds",
     "tidegate_worker_heartbeat_age_seconds",
     "tidegate_schedule_lag_seconds",
+    "tidegate_waiting_seconds",
 )
 """The figures that change with the clock alone, from one scrape to the next."""
 
@@ -205,6 +213,32 @@ def test_project_series_stop_at_the_busiest_projects(
         (("project", "p1"),): 0,
         (("project", "p10"),): 0,
     }
+
+
+async def test_waiting_callers_and_the_predicted_wait_are_the_waiting_rooms(
+    sql: psycopg.Connection, api: ApiServer
+) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=0.01, ingest_burst=1)
+        await create_project(client, "quiet")
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+        assert (await client.post(url, json={})).status_code == 202
+        refused = [await client.post(url, json={"n": n}) for n in range(3)]
+        # One caller gives up its place; another sends its ticket back: still one place.
+        sql.execute(
+            "UPDATE waiting_places SET lapses_at = now() - interval '1 second' WHERE ticket = %s",
+            [refused[0].headers[PLACE_FIELD].split('"')[1]],
+        )
+        ticket = {PLACE_FIELD: refused[2].headers[PLACE_FIELD]}
+        again = await client.post(url, json={"n": 2}, headers=ticket)
+    assert_problem(again, 429)
+    samples = scrape(api)
+    assert series(samples, "tidegate_waiting_callers") == {
+        (("limit", "ingest"), ("project", "acme")): 2
+    }
+    # The last in line is due when it was told: at most its Retry-After from now.
+    wait = series(samples, "tidegate_waiting_seconds")[(("limit", "ingest"), ("project", "acme"))]
+    assert 0 < wait <= int(again.headers["retry-after"])
 
 
 FINISHED = {RunState.SUCCEEDED, RunState.DISCARDED, RunState.CANCELLED}

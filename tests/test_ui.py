@@ -623,6 +623,27 @@ async def test_the_projects_page_counts_refusals_by_status_class(
     assert figures == ["0 / 3", "5", "10", "none", "3", "12", "5"]
 
 
+async def test_the_projects_page_shows_who_waits_in_the_waiting_room_and_for_how_long(
+    client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    await create_project(client, "acme", ingest_rate=0.01, ingest_burst=1)
+    await create_project(client, "quiet")
+    url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+    assert (await client.post(url, json={})).status_code == 202
+    refused = [await client.post(url, json={"n": n}) for n in range(2)]
+    assert [r.status_code for r in refused] == [429, 429]
+    (due,) = sql.execute(
+        "SELECT extract(epoch FROM max(due_at) - clock_timestamp()) FROM waiting_places"
+    ).fetchone() or (None,)
+    page = await (await sign_in(ADMIN_TOKEN)).page("/ui/projects")
+    shown = re.search(
+        r'<td class="waiting">ingest: 2, ([0-9.]+) s</td>', cells(page, "data-project", "acme")
+    )
+    assert shown, cells(page, "data-project", "acme")
+    assert 0 < float(shown[1]) <= round(due, 1)  # read after the table, so no later
+    assert '<td class="waiting"></td>' in cells(page, "data-project", "quiet")
+
+
 async def test_the_keys_page_shows_policies_and_what_holds_each_key(
     app: Tidegate, sql: psycopg.Connection, sign_in: Any
 ) -> None:

@@ -54,6 +54,7 @@ from bench.webhooks.processes import (
     server_pids,
     start_worker,
 )
+from tidegate.admission import MAX_PLACES, PLACE_GRACE_SECONDS
 from tidegate.storage.sql import query
 
 # -- part 1 and 2: sync round trip, admission decision ------------------------------------
@@ -267,6 +268,9 @@ def _admit_params(
         "default_fast_lane_cap": DEFAULT_FAST_LANE_CAP,
         "live_seconds": LIVE_SECONDS,
         "channel": f"{schema}.available",
+        "ticket": None,
+        "place_grace": PLACE_GRACE_SECONDS,
+        "max_places": MAX_PLACES,
     }
 
 

@@ -8,11 +8,21 @@ rate-limit fields go with it, so that ``POST /hooks/{token}`` answers by looking
 verdict up. A webhook answered before (or without) a verdict has an ``Unjudged``
 outcome instead. Both are the ``outcome`` of ``tidegate_webhooks_total``, of the minute
 counts and of the webhook log (docs/metrics.md lists them).
+
+A caller refused by a limit that frees room in turn (the ingest rate, the fast-lane cap,
+the backlog cap) is given a place in that limit's line, the waiting room: a ticket in
+the ``Tidegate-Place`` field and a ``Retry-After`` that is when room will be free for
+it. Room goes to the places first in line; a caller that sends its ticket back at its
+time is admitted before anyone refused after it, and a place whose caller does not come
+back within ``PLACE_GRACE_SECONDS`` of its time lapses (docs/waiting-room.md).
+``Retry-After`` is whole seconds, rounded up: the due time to the millisecond is the
+``due`` parameter of the ``RateLimit`` field (and of ``PLACE_FIELD``).
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -22,8 +32,13 @@ RETRY_AFTER_MIN_SECONDS = 1
 RETRY_AFTER_MAX_SECONDS = 60
 NO_WORKER_RETRY_SECONDS = 5
 """Retry-After when no worker can take a sync run: about how long a worker takes to start."""
-BACKLOG_RETRY_SECONDS = 5
-"""Retry-After when the backlog is full: nothing says when a place frees."""
+PLACE_FIELD = "Tidegate-Place"
+"""The field a refused caller's ticket comes in, and goes back in."""
+PLACE_GRACE_SECONDS = 2.0
+"""How long past the whole second it was told a place waits for its caller: room held
+for a caller that does not come back is free again this long after its time."""
+MAX_PLACES = 10_000
+"""Live places a line holds at most; a caller refused past them gets no place."""
 FORCED_OPEN_RETRY_SECONDS = 60
 """Retry-After while a key's breaker is forced open: no cooldown says when it ends."""
 
@@ -49,9 +64,29 @@ def worker_start(_: float | None) -> int:
     return NO_WORKER_RETRY_SECONDS
 
 
-def backlog_wait(_: float | None) -> int:
-    """``BACKLOG_RETRY_SECONDS``, whatever the admission said."""
-    return BACKLOG_RETRY_SECONDS
+def placed(seconds: float | None) -> int:
+    """Whole seconds until a place's due time, rounded up so that room is free when the
+    caller comes: the truth, however long, not clamped."""
+    return max(RETRY_AFTER_MIN_SECONDS, math.ceil(seconds or 0))
+
+
+def ticket(field: str | None) -> uuid.UUID | None:
+    """The ticket a caller brought back in ``PLACE_FIELD`` (as it was sent: the ticket in
+    quotes, then its parameters), or None: a field that holds none is no place, as a
+    forged or lapsed ticket is none."""
+    if not field:
+        return None
+    try:
+        return uuid.UUID(field.split(";", 1)[0].strip().strip('"'))
+    except ValueError:
+        return None
+
+
+def place_field(place: uuid.UUID, ahead: int, wait: float) -> str:
+    """The ``PLACE_FIELD`` of a refusal: the ticket (a structured field's string), the
+    places ahead of it and, to the millisecond, the seconds until it is due that
+    ``Retry-After`` rounds up."""
+    return f'"{place}";ahead={ahead};due={max(wait, 0):.3f}'
 
 
 @dataclass(frozen=True)
@@ -94,7 +129,7 @@ class Verdict(StrEnum):
     )
     RATE_LIMITED = (
         "rate_limited",
-        Refusal(429, "the project's ingest rate is exceeded", estimated, "ingest"),
+        Refusal(429, "the project's ingest rate is exceeded", placed, "ingest"),
     )
     BREAKER_OPEN = (
         "breaker_open",
@@ -104,7 +139,7 @@ class Verdict(StrEnum):
     )
     OVER_CAP = (
         "over_cap",
-        Refusal(429, "the project's fast-lane cap is reached", estimated, "fast_lane"),
+        Refusal(429, "the project's fast-lane cap is reached", placed, "fast_lane"),
     )
     NO_WORKER = (
         "no_worker",
@@ -115,7 +150,7 @@ class Verdict(StrEnum):
         ),
     )
     NO_CAPACITY = "no_capacity", Refusal(503, "no worker has a free fast-lane slot", estimated)
-    BACKLOG_FULL = "backlog_full", Refusal(503, "the project's backlog is full", backlog_wait)
+    BACKLOG_FULL = "backlog_full", Refusal(503, "the project's backlog is full", placed)
     ADMITTED = "admitted"
 
 

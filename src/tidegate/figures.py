@@ -12,8 +12,9 @@ costs, how exact it is).
 
 - ``read_figures``: everything one scrape of ``/metrics`` reads (api/metrics.py writes
   it out in Prometheus' format).
-- ``read_lanes``, ``read_keys``, ``fast_lane_projects``, ``list_workers``: the parts the
-  dashboard's pages read too (ui/pages.py), with the same bounds.
+- ``read_lanes``, ``read_keys``, ``fast_lane_projects``, ``waiting_lines``,
+  ``list_workers``: the parts the dashboard's pages read too (ui/pages.py), with the
+  same bounds.
 """
 
 from __future__ import annotations
@@ -70,6 +71,19 @@ class ProjectFigures:
     project: str
     fast_lane_in_flight: int
     fast_lane_cap: int
+
+
+@dataclass(frozen=True)
+class WaitingLine:
+    """The callers waiting for one limit of a project in the waiting room
+    (tidegate.admission): those refused by it that hold a live place."""
+
+    project: str
+    limit: str
+    """``ingest``, ``fast_lane`` or ``backlog`` (every key of the project together)."""
+    callers: int
+    wait_seconds: float
+    """The predicted wait: seconds until the last place in the line is due."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +145,7 @@ class Figures:
     heartbeat_age_seconds: float
     workloops: list[Workloop]
     projects: list[ProjectFigures]
+    waiting: list[WaitingLine]
     attempts: list[Attempts]
     webhooks: list[Answers]
     answer_times: dict[tuple[str, ...], Tally]
@@ -179,6 +194,15 @@ def fast_lane_projects(max_projects: int, default_cap: int) -> Steps[list[Projec
     return [ProjectFigures(*row) for row in rows]
 
 
+def waiting_lines(projects: list[str] | None, max_lines: int) -> Steps[list[WaitingLine]]:
+    """The waiting room's lines of ``projects`` (None: every project), the longest
+    ``max_lines`` first (read_waiting_lines.sql: at most ``COUNT_CAP`` places read)."""
+    rows = yield Statement(
+        "read_waiting_lines", {"ids": projects, "max_lines": max_lines, "scan_limit": COUNT_CAP}
+    )
+    return [WaitingLine(*row) for row in rows]
+
+
 def list_workers(limit: int) -> Steps[list[dict[str, Any]]]:
     """Every worker row (at most ``limit``), the most recent heartbeat first: its
     workloops, tasks and heartbeat's age (list_workers.sql; the dashboard's workers)."""
@@ -186,10 +210,11 @@ def list_workers(limit: int) -> Steps[list[dict[str, Any]]]:
 
 
 def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: seven statements, each bounded (see module doc)."""
+    """Read every figure of a scrape: eight statements, each bounded (see module doc)."""
     lanes = yield from read_lanes(settings)
     workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
     projects = yield from fast_lane_projects(settings.metrics_max_projects, settings.fast_lane_cap)
+    waiting = yield from waiting_lines(None, settings.metrics_max_projects)
     attempts = yield Statement("read_counters", {"max_series": MAX_ATTEMPT_SERIES})
     webhooks = yield Statement(
         "read_ingress_counters", {"max_projects": settings.metrics_max_projects}
@@ -204,6 +229,7 @@ def read_figures(settings: Settings) -> Steps[Figures]:
         heartbeat_age_seconds=workers[0][1],
         workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],
         projects=projects,
+        waiting=waiting,
         attempts=[Attempts(*row) for row in attempts],
         webhooks=[Answers(*row[:5]) for kind, *row in webhooks if kind == "count"],
         answer_times={

@@ -7,7 +7,10 @@ again while reading, so a client that lies cannot push more), unsupported conten
 nesting past ``max_json_depth``) 400, bad Standard Webhooks signature 401. Then one
 database call admits or rejects (``admit_webhook``): 429 for the project's ingest rate
 or fast-lane cap, 503 when no worker can take a fast-lane run, the run's key has its
-circuit breaker open (sync), or the backlog is full.
+circuit breaker open (sync), or the backlog is full. A refusal by the ingest rate, the
+fast-lane cap or the backlog cap gives the caller a place in the waiting room
+(tidegate.admission): its ticket in ``Tidegate-Place``, which it sends back when it
+comes back at its ``Retry-After``.
 An admitted async webhook is answered 202 once its request and run are committed; a
 sync one waits for its run. Every admission commits through the WAL flush, a sync one
 too: its run is on disk before a worker can start it, so a database crash cannot undo a
@@ -26,6 +29,7 @@ import json
 import logging
 import re
 import time
+import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,7 +41,17 @@ from fastapi.responses import JSONResponse
 from psycopg.rows import dict_row
 from starlette.requests import ClientDisconnect
 
-from tidegate.admission import RETRY_AFTER_MIN_SECONDS, Outcome, Unjudged, Verdict
+from tidegate.admission import (
+    MAX_PLACES,
+    PLACE_FIELD,
+    PLACE_GRACE_SECONDS,
+    RETRY_AFTER_MIN_SECONDS,
+    Outcome,
+    Unjudged,
+    Verdict,
+    place_field,
+    ticket,
+)
 from tidegate.api import events
 from tidegate.api.guard import CLOSE
 from tidegate.api.kernel import (
@@ -267,7 +281,17 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
     response = None
     try:
         decision = await ingress.run(
-            _admit(ingress, trigger, lane, payload, body, headers, content_type, idempotency_key)
+            _admit(
+                ingress,
+                trigger,
+                lane,
+                payload,
+                body,
+                headers,
+                content_type,
+                idempotency_key,
+                ticket(request.headers.get(PLACE_FIELD)),
+            )
         )
         note.outcome = Verdict(decision["decision"])
         note.run_id = decision["run_id"]
@@ -305,6 +329,14 @@ async def _answer(
         wait = refusal.wait(decision["retry_after"])
         fields = LIMIT_FIELDS[refusal.limits](decision, 0, wait) if refusal.limits else {}
         extra = {"cap": decision["fast_lane_cap"]} if refusal.limits == "fast_lane" else {}
+        if refusal.limits and decision["retry_after"] is not None:
+            # What the whole seconds of t and Retry-After round up: the due time, to the
+            # millisecond (a parameter the draft's clients ignore).
+            fields["RateLimit"] += f";due={max(decision['retry_after'], 0):.3f}"
+        if decision["place"] is not None:
+            fields[PLACE_FIELD] = place_field(
+                decision["place"], decision["place_ahead"], decision["retry_after"]
+            )
         return problem(kind, detail, {**fields, "Retry-After": str(wait)}, **extra)
     limits = _rate_limit_headers(decision)
     run_id = decision["run_id"]
@@ -531,6 +563,7 @@ def _admit(
     headers: dict[str, str],
     content_type: str,
     idempotency_key: str | None,
+    place: uuid.UUID | None,
 ) -> Steps[dict[str, Any]]:
     settings = ingress.settings
     rows = yield Statement(
@@ -552,6 +585,9 @@ def _admit(
             "default_fast_lane_cap": settings.fast_lane_cap,
             "live_seconds": 3 * settings.heartbeat_seconds,
             "channel": ingress.app.available_channel,
+            "ticket": place,
+            "place_grace": PLACE_GRACE_SECONDS,
+            "max_places": MAX_PLACES,
         },
         dict_row,
     )

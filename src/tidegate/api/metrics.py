@@ -108,6 +108,23 @@ class FiguresCollector(Collector):
             cap.add_metric([project.project], project.fast_lane_cap)
         yield in_flight
         yield cap
+        callers = GaugeMetricFamily(
+            "tidegate_waiting_callers",
+            "Callers refused by a project's limit that hold a place in its waiting room "
+            "(the longest lines only).",
+            labels=["project", "limit"],
+        )
+        wait = GaugeMetricFamily(
+            "tidegate_waiting_seconds",
+            "The predicted wait of a project's waiting room for a limit: seconds until the "
+            "last place in line is due (the longest lines only).",
+            labels=["project", "limit"],
+        )
+        for line in figures.waiting:
+            callers.add_metric([line.project, line.limit], line.callers)
+            wait.add_metric([line.project, line.limit], line.wait_seconds)
+        yield callers
+        yield wait
         yield from _attempt_families(figures.attempts)
         yield from _key_families(figures.keys)
         schedules = GaugeMetricFamily(

@@ -20,10 +20,12 @@ from tidegate.figures import (
     COUNT_CAP,
     KEY_SCAN,
     WAITING_CAP,
+    WaitingLine,
     fast_lane_projects,
     list_workers,
     read_keys,
     read_lanes,
+    waiting_lines,
 )
 from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
 from tidegate.schedules import list_schedules
@@ -190,7 +192,10 @@ async def projects(request: Request, session: Current) -> HTMLResponse:
             },
         )
     )
-    return render(request, "projects.html", projects=found, limit=MAX_PROJECTS)
+    waiting: dict[str, list[WaitingLine]] = {}
+    for line in await api.run(waiting_lines([p["id"] for p in found], 3 * MAX_PROJECTS)):
+        waiting.setdefault(line.project, []).append(line)
+    return render(request, "projects.html", projects=found, waiting=waiting, limit=MAX_PROJECTS)
 
 
 @router.get("/projects/{project_id}")

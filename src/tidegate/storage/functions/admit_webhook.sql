@@ -35,10 +35,17 @@
 --   admitted      run and request inserted, the lane notified. The run is stamped
 --                 with its key's next step on the lane's clock (next_vtime),
 --                 as an enqueued one is (insert_run.sql).
--- Retry-After (retry_after): over the cap, how long the project's recent fast-lane runs
--- took; without capacity, how long recent fast-lane runs took (a slot frees about as
--- fast); rate limited, the time until the next place; an open breaker, the rest of its
--- cooldown.
+-- The waiting room (waiting_places): a caller refused by the ingest rate, the fast-lane
+-- cap or the backlog cap is given a place in that limit's line (take_place), and the
+-- room a limit has goes first to the places ahead of a caller (places_ahead): a caller
+-- that comes back with its ticket (p_ticket) at its time is admitted before anyone
+-- refused after it, and a newcomer waits behind every live place. The limits themselves
+-- are decided as before, under the same locks; a line only makes them refuse sooner.
+-- Retry-After (retry_after): for a place, the seconds until its due time (take_place:
+-- from the places ahead and how fast the limit frees room: the ingest rate's interval;
+-- the project's recent fast-lane runs' time, 9 in 10 as fast, over its cap; the key's
+-- recent starts); without capacity, how long recent fast-lane runs took (a slot frees
+-- about as fast); an open breaker, the rest of its cooldown.
 CREATE OR REPLACE FUNCTION admit_webhook(
     p_trigger_id bigint,
     p_project text,
@@ -53,7 +60,10 @@ CREATE OR REPLACE FUNCTION admit_webhook(
     p_body bytea,
     p_default_fast_lane_cap integer,
     p_live_seconds float8,
-    p_channel text
+    p_channel text,
+    p_ticket uuid,
+    p_place_grace float8,
+    p_max_places integer
 ) RETURNS TABLE (
     decision text,
     run_id bigint,
@@ -62,7 +72,9 @@ CREATE OR REPLACE FUNCTION admit_webhook(
     fast_lane_remaining integer,
     ingest_burst integer,
     ingest_remaining integer,
-    retry_after float8
+    retry_after float8,
+    place uuid,
+    place_ahead integer
 )
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -81,6 +93,10 @@ DECLARE
     first_run bigint;
     first_request bigint;
     same_body boolean;
+    room integer;
+    line record;
+    given record;
+    spacing float8;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(
@@ -90,12 +106,14 @@ BEGIN
         WHERE r.trigger_id = p_trigger_id AND r.idempotency_key = p_idempotency_key;
         IF FOUND AND same_body THEN
             RETURN QUERY SELECT 'replayed', first_run, first_request, NULL::integer,
-                NULL::integer, NULL::integer, NULL::integer, NULL::float8;
+                NULL::integer, NULL::integer, NULL::integer, NULL::float8, NULL::uuid,
+                NULL::integer;
             RETURN;
         END IF;
         IF FOUND THEN
             RETURN QUERY SELECT 'key_reused', NULL::bigint, NULL::bigint, NULL::integer,
-                NULL::integer, NULL::integer, NULL::integer, NULL::float8;
+                NULL::integer, NULL::integer, NULL::integer, NULL::float8, NULL::uuid,
+                NULL::integer;
             RETURN;
         END IF;
     END IF;
@@ -110,10 +128,19 @@ BEGIN
         emission := 1.0 / proj.ingest_rate;
         SELECT greatest(coalesce(projects.ingest_tat, now()), now()) INTO tat
         FROM projects WHERE id = p_project FOR UPDATE;
-        IF tat > now() + make_interval(secs => (proj.ingest_burst - 1) * emission) THEN
+        -- Room: the admissions the rate allows now, up to the burst.
+        room := least(proj.ingest_burst, greatest(0, floor(
+            (extract(epoch FROM now() - tat)::float8 + proj.ingest_burst * emission) / emission
+        )::integer));
+        SELECT * INTO line FROM places_ahead(p_project, 'ingest', '', p_ticket, room);
+        IF room <= line.ahead THEN
+            -- The next room frees when the rate allows one more than now, then one each
+            -- interval.
+            SELECT * INTO given FROM take_place(p_project, 'ingest', '', line.mine, room,
+                tat - make_interval(secs => (proj.ingest_burst - room - 1) * emission),
+                emission, p_place_grace, p_max_places);
             RETURN QUERY SELECT 'rate_limited', NULL::bigint, NULL::bigint, NULL::integer,
-                NULL::integer, proj.ingest_burst, 0,
-                extract(epoch FROM tat - now())::float8 - (proj.ingest_burst - 1) * emission;
+                NULL::integer, proj.ingest_burst, 0, given.wait, given.ticket, given.ahead;
             RETURN;
         END IF;
         tat := tat + make_interval(secs => emission);
@@ -134,7 +161,8 @@ BEGIN
                OR (b.forced IS NULL AND b.state = 'open' AND b.open_until > now()));
         IF FOUND THEN
             RETURN QUERY SELECT 'breaker_open', NULL::bigint, NULL::bigint, NULL::integer,
-                NULL::integer, ingest_burst, ingest_remaining, breaker_wait;
+                NULL::integer, ingest_burst, ingest_remaining, breaker_wait, NULL::uuid,
+                NULL::integer;
             RETURN;
         END IF;
 
@@ -150,18 +178,26 @@ BEGIN
               AND runs.state IN ('scheduled', 'available', 'pending', 'running')
             LIMIT cap
         ) AS held;
-        IF inflight >= cap THEN
+        SELECT * INTO line FROM places_ahead(p_project, 'fast_lane', '', p_ticket, cap - inflight);
+        IF cap - inflight <= line.ahead THEN
+            -- A place frees as a run ends: every (time of the project's recent fast-lane
+            -- runs, 9 in 10 of them as fast) / cap seconds; a second without any.
+            SELECT coalesce(percentile_cont(0.9) WITHIN GROUP (
+                       ORDER BY extract(epoch FROM recent.completed_at - recent.attempted_at)), 1)
+                   / greatest(cap, 1)
+            INTO spacing
+            FROM (
+                SELECT runs.completed_at, runs.attempted_at FROM runs
+                WHERE runs.project = p_project AND runs.lane = 'fast_lane'
+                  AND runs.state IN ('succeeded', 'discarded', 'cancelled')
+                ORDER BY runs.completed_at DESC
+                LIMIT 20
+            ) AS recent;
+            SELECT * INTO given FROM take_place(p_project, 'fast_lane', '', line.mine, cap - inflight,
+                clock_timestamp() + make_interval(secs => spacing), spacing, p_place_grace,
+                p_max_places);
             RETURN QUERY SELECT 'over_cap', NULL::bigint, NULL::bigint, cap, 0, ingest_burst,
-                ingest_remaining, (
-                    SELECT avg(extract(epoch FROM recent.completed_at - recent.attempted_at))::float8
-                    FROM (
-                        SELECT runs.completed_at, runs.attempted_at FROM runs
-                        WHERE runs.project = p_project AND runs.lane = 'fast_lane'
-                          AND runs.state IN ('succeeded', 'discarded', 'cancelled')
-                        ORDER BY runs.completed_at DESC
-                        LIMIT 20
-                    ) AS recent
-                );
+                ingest_remaining, given.wait, given.ticket, given.ahead;
             RETURN;
         END IF;
         fast_lane_remaining := cap - inflight - 1;
@@ -186,7 +222,8 @@ BEGIN
         INTO worker_loops, free_slots;
         IF worker_loops = 0 THEN
             RETURN QUERY SELECT 'no_worker', NULL::bigint, NULL::bigint, cap,
-                fast_lane_remaining + 1, ingest_burst, ingest_remaining, NULL::float8;
+                fast_lane_remaining + 1, ingest_burst, ingest_remaining, NULL::float8,
+                NULL::uuid, NULL::integer;
             RETURN;
         END IF;
         IF free_slots <= 0 THEN
@@ -201,22 +238,31 @@ BEGIN
                         ORDER BY runs.completed_at DESC
                         LIMIT 20
                     ) AS recent
-                );
+                ), NULL::uuid, NULL::integer;
             RETURN;
         END IF;
     END IF;
 
     IF proj.backlog_cap IS NOT NULL THEN
         backlog := unstarted_runs_of_key(p_lane, p_key, p_project, proj.backlog_cap);
-        IF backlog >= proj.backlog_cap THEN
+        SELECT * INTO line FROM places_ahead(p_project, 'backlog', p_key, p_ticket, proj.backlog_cap - backlog);
+        IF proj.backlog_cap - backlog <= line.ahead THEN
+            spacing := start_interval(p_lane, p_key, p_project);
+            SELECT * INTO given FROM take_place(p_project, 'backlog', p_key, line.mine,
+                proj.backlog_cap - backlog, clock_timestamp() + make_interval(secs => spacing),
+                spacing, p_place_grace, p_max_places);
             RETURN QUERY SELECT 'backlog_full', NULL::bigint, NULL::bigint, fast_lane_cap,
-                fast_lane_remaining, ingest_burst, ingest_remaining, NULL::float8;
+                fast_lane_remaining, ingest_burst, ingest_remaining, given.wait, given.ticket,
+                given.ahead;
             RETURN;
         END IF;
     END IF;
 
     IF proj.ingest_rate IS NOT NULL THEN
         UPDATE projects SET ingest_tat = tat WHERE id = p_project;
+    END IF;
+    IF p_ticket IS NOT NULL THEN  -- its place is taken up
+        DELETE FROM waiting_places WHERE waiting_places.ticket = p_ticket;
     END IF;
     INSERT INTO runs (project, lane, key, task, args, max_attempts, vtime)
     VALUES (p_project, p_lane, p_key, p_task, p_args, p_max_attempts,
@@ -227,6 +273,6 @@ BEGIN
     RETURNING id INTO new_request;
     PERFORM pg_notify(p_channel, p_lane);
     RETURN QUERY SELECT 'admitted', new_run, new_request, fast_lane_cap, fast_lane_remaining,
-        ingest_burst, ingest_remaining, NULL::float8;
+        ingest_burst, ingest_remaining, NULL::float8, NULL::uuid, NULL::integer;
 END
 $$;

@@ -1,0 +1,160 @@
+"""The waiting room: a caller refused by a limit gets a place, and room goes to places in
+the order they were given, whichever API process each caller reaches."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from tests.http_fixtures import ApiServer, assert_problem, counts, create_project, create_trigger
+from tidegate.admission import PLACE_FIELD
+
+
+def place_of(response: httpx.Response) -> dict[str, str]:
+    """The field a caller sends back: its ticket, as it was given."""
+    assert_problem(response, 429)
+    return {PLACE_FIELD: response.headers[PLACE_FIELD]}
+
+
+async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    one, two = start_api(), start_api()
+    async with (
+        httpx.AsyncClient(base_url=one.url, timeout=20) as first,
+        httpx.AsyncClient(base_url=two.url, timeout=20) as second,
+    ):
+        await create_project(first, "acme", ingest_rate=0.5, ingest_burst=1)
+        url = (await create_trigger(first, "acme", "orders", mode="async", task="echo"))["url"]
+        assert (await first.post(url, json={})).status_code == 202
+
+        a = await first.post(url, json={"caller": "a"})
+        b = await second.post(url, json={"caller": "b"})
+        assert ";ahead=0;" in a.headers[PLACE_FIELD]
+        assert ";ahead=1;" in b.headers[PLACE_FIELD]
+
+        # At a's time, room is a's: b, come early through the other process, waits.
+        await asyncio.sleep(int(a.headers["retry-after"]))
+        early = await first.post(url, json={"caller": "b"}, headers=place_of(b))
+        assert early.headers[PLACE_FIELD].split(";")[0] == b.headers[PLACE_FIELD].split(";")[0]
+        assert ";ahead=1;" in early.headers[PLACE_FIELD]
+        assert (
+            await second.post(url, json={"caller": "a"}, headers=place_of(a))
+        ).status_code == 202
+
+        # b gives up; c, refused after it, gets in once b's place has lapsed.
+        c = await second.post(url, json={"caller": "c"})
+        ticket_c = place_of(c)
+
+        async def c_admitted() -> bool:
+            nonlocal ticket_c
+            answer = await first.post(url, json={"caller": "c"}, headers=ticket_c)
+            if answer.status_code == 202:
+                return True
+            ticket_c = place_of(answer)
+            return False
+
+        await wait_until_async(c_admitted, timeout=20)
+        # b's ticket is stale now: b is a newcomer, with a new place.
+        late = await first.post(url, json={"caller": "b"}, headers=place_of(b))
+        assert_problem(late, 429)
+        assert late.headers[PLACE_FIELD].split(";")[0] != b.headers[PLACE_FIELD].split(";")[0]
+    assert counts(sql) == (3, 3)
+
+
+async def wait_until_async(check: Callable[[], object], timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():  # type: ignore[misc]
+        assert loop.time() < deadline, "not admitted in time"
+        await asyncio.sleep(0.2)
+
+
+async def test_a_forged_ticket_is_a_newcomer_and_no_ticket_still_gets_an_exact_429(
+    api: ApiServer, sql: psycopg.Connection
+) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=0.1, ingest_burst=2)
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+        # No line yet: a forged ticket is harmless, the caller is admitted as anyone.
+        for forged in ("not a ticket", f'"{uuid.uuid4()}";ahead=0;due=0.000'):
+            answer = await client.post(url, json={}, headers={PLACE_FIELD: forged})
+            assert answer.status_code == 202, answer.text
+        # The rate is spent: without a ticket, a 429 with Retry-After and a place.
+        refused = await client.post(url, json={})
+        assert_problem(refused, 429)
+        assert int(refused.headers["retry-after"]) >= 1
+        assert ";ahead=0;" in refused.headers[PLACE_FIELD]
+        # The RateLimit field says what the whole seconds round up: the due time.
+        due = re.search(r";t=(\d+);due=(\d+\.\d{3})$", refused.headers["ratelimit"])
+        assert due, refused.headers["ratelimit"]
+        assert (
+            int(due[1]) == int(refused.headers["retry-after"]) == max(1, math.ceil(float(due[2])))
+        )
+        assert refused.headers[PLACE_FIELD].endswith(f";due={due[2]}")
+        # A forged ticket does not jump the line: it goes behind the real place.
+        forged = await client.post(url, json={}, headers={PLACE_FIELD: str(uuid.uuid4())})
+        assert_problem(forged, 429)
+        assert ";ahead=1;" in forged.headers[PLACE_FIELD]
+    assert counts(sql) == (2, 2)
+
+
+async def test_a_place_is_due_an_interval_after_the_whole_second_told_to_the_one_ahead(
+    api: ApiServer,
+) -> None:
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=2, ingest_burst=1)
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+        assert (await client.post(url, json={})).status_code == 202
+        sent = time.monotonic()
+        a = await client.post(url, json={"caller": "a"})
+        b = await client.post(url, json={"caller": "b"})
+        since_a = time.monotonic() - sent
+    # a comes back no sooner than the whole seconds it was told, so b's room frees one
+    # interval (0.5 s) after that: b's due time, counted from a's refusal, is no earlier.
+    due_b = float(place_of(b)[PLACE_FIELD].split("due=")[1])
+    assert due_b + since_a >= int(a.headers["retry-after"]) + 0.5
+
+
+def example_client() -> Callable[..., httpx.Response]:
+    """The ``deliver`` of docs/waiting-room.md, from its Python block as it is."""
+    text = (Path(__file__).parent.parent / "docs" / "waiting-room.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", text, re.S)
+    namespace: dict[str, object] = {}
+    exec(block, namespace)
+    return namespace["deliver"]  # type: ignore[return-value]
+
+
+async def test_the_example_client_of_the_docs_gets_in_in_the_order_it_was_refused(
+    api: ApiServer, sql: psycopg.Connection
+) -> None:
+    deliver = example_client()
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=1, ingest_burst=1)
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+    firsts: list[tuple[int, str]] = []  # each webhook's first answer: (places ahead, key)
+
+    def note(response: httpx.Response) -> None:
+        if PLACE_FIELD not in response.request.headers:
+            place = response.headers.get(PLACE_FIELD, ";ahead=-1;")
+            ahead = int(place.split(";ahead=")[1].split(";")[0])
+            firsts.append((ahead, response.request.headers["idempotency-key"]))
+
+    with httpx.Client(base_url=api.url, timeout=20, event_hooks={"response": [note]}) as http:
+        done = await asyncio.gather(
+            *(asyncio.to_thread(deliver, http, url, {"n": n}, f"k{n}") for n in range(4))
+        )
+    assert [a.status_code for a in done] == [202] * 4
+    # Admitted in turn: the one that found room, then the others in their places' order.
+    admitted = sql.execute("SELECT idempotency_key FROM requests ORDER BY id").fetchall()
+    assert [key for (key,) in admitted] == [key for _, key in sorted(firsts)]
+    assert [ahead for ahead, _ in sorted(firsts)] == [-1, 0, 1, 2]
+    assert sql.execute("SELECT count(*) FROM waiting_places").fetchone() == (0,)
