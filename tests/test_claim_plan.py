@@ -245,6 +245,10 @@ def test_enqueueing_reads_no_backlog_when_the_statistics_predate_it(
             "max_attempts": 20,
             "scheduled_at": None,
             "idempotency_key": None,
+        "unique_key": None,
+        "unique_states": None,
+            "unique_key": None,
+            "unique_states": None,
         }
         for i in range(200)
     ]
@@ -324,6 +328,8 @@ def test_a_probe_of_an_empty_lane_reads_no_backlog_of_another_when_the_statistic
         "max_attempts": 20,
         "scheduled_at": None,
         "idempotency_key": None,
+        "unique_key": None,
+        "unique_states": None,
         "channel": "c",
     }
     for _ in range(7):

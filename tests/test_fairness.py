@@ -142,7 +142,9 @@ async def test_raising_max_running_takes_effect_at_the_next_claim(
     app.enqueue_many([NewRun("async_sleep", {"seconds": 30}, key="k") for _ in range(6)])
     async with worker_of(app, "manual>*:4", shutdown_grace_seconds=0.5) as worker:
         (loop,) = worker.workloops
-        await wait_until(lambda: count(sql, "state = 'running'") == 1, 10)
+        # A remote claim is running in the database before its answer reaches the
+        # worker: wait for both.
+        await wait_until(lambda: count(sql, "state = 'running'") == 1 and loop.free < 4, 10)
         assert loop.free == 3  # slots to spare: the policy, not the worker, holds k at 1
 
         app.set_key_policy("default", "k", max_running=3)

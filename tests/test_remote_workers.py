@@ -800,6 +800,8 @@ async def test_a_new_run_wakes_one_waiting_claim_of_a_kind_not_every_one(
             await claimed(n + 1)
         await app.aenqueue_many([NewRun("echo", {"n": n}) for n in range(20)])  # one NOTIFY
         await claimed(30)
+        # Each claim is running in the database before its answer reaches its worker.
+        await wait_until(lambda: sum(claim.done() for claim in claims) >= 30, timeout=10)
         answered = [claim for claim in claims if claim.done()]
         assert len(answered) == 30
         assert all(len(claim.result().json()["runs"]) == 1 for claim in answered)

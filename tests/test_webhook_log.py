@@ -72,7 +72,12 @@ async def test_every_answer_is_counted_and_every_refusal_kept_across_api_process
         sent["rate_limited", 429] += 18
         first = next(r for r in burst if r.status_code == 202)
         replay_key = first.request.headers["idempotency-key"]
-        await post(orders["url"], "replayed", json={}, headers={"Idempotency-Key": replay_key})
+        await post(  # the same body: another one with the key would be refused (422)
+            orders["url"],
+            "replayed",
+            content=first.request.content,
+            headers={"Idempotency-Key": replay_key, "content-type": "application/json"},
+        )
         for _ in range(3):
             await post("/hooks/no-such-trigger", "unknown_trigger", json={})
         await post(orders["url"], "too_large", content=b"x" * 3000)
