@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -96,20 +95,6 @@ def test_python_myapp_on_an_unreachable_database_fails_in_one_line(tmp_path: Pat
     assert "psycopg" not in done.stderr  # no chained traceback of the driver's
 
 
-def on_a_loop(app: Tidegate, call: Callable[[], Awaitable[object]]) -> object:
-    """``call`` on an event loop of its own, the app's async pool closed before the loop
-    ends: a pool left open on a loop that asyncio.run then closes can leave the loop's
-    shutdown waiting on its tasks (seen once: a hang in asyncio's _cancel_all_tasks)."""
-
-    async def run() -> object:
-        try:
-            return await call()
-        finally:
-            await app.aclose_pool()
-
-    return asyncio.run(run())
-
-
 def test_every_front_door_call_on_an_unreachable_database_is_the_one_line() -> None:
     app = Tidegate(UNREACHABLE)
     calls = {
@@ -117,8 +102,8 @@ def test_every_front_door_call_on_an_unreachable_database_is_the_one_line() -> N
         "get_run": lambda: app.get_run(1),
         "result": lambda: app.result(1, timeout=0),
         "migrate": app.migrate,
-        "aenqueue": lambda: on_a_loop(app, lambda: app.aenqueue("x")),
-        "aresult": lambda: on_a_loop(app, lambda: app.aresult(1, timeout=0)),
+        "aenqueue": lambda: asyncio.run(app.aenqueue("x")),
+        "aresult": lambda: asyncio.run(app.aresult(1, timeout=0)),
     }
     for name, call in calls.items():
         with pytest.raises(UnavailableError) as failed:
@@ -135,8 +120,8 @@ def test_every_front_door_call_on_an_unmigrated_schema_says_to_migrate(
         "enqueue": lambda: app.enqueue("x"),
         "get_run": lambda: app.get_run(1),
         "result": lambda: app.result(1, timeout=0),
-        "aenqueue": lambda: on_a_loop(app, lambda: app.aenqueue("x")),
-        "aresult": lambda: on_a_loop(app, lambda: app.aresult(1, timeout=0)),
+        "aenqueue": lambda: asyncio.run(app.aenqueue("x")),
+        "aresult": lambda: asyncio.run(app.aresult(1, timeout=0)),
     }
     line = (
         f"schema '{schema}' is at version 0, this tidegate needs {latest_version()}: "

@@ -13,7 +13,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tidegate import EnqueueError, NewRun, RunState, Tidegate
+from tidegate import EnqueueError, NewRun, RunState, Settings, Tidegate
 
 
 def test_enqueue_applies_task_and_default_options(app: Tidegate) -> None:
@@ -165,3 +165,30 @@ async def test_async_enqueue_runs_the_same_steps(app: Tidegate) -> None:
     assert [run.args["i"] for run in many] == list(range(100))
     assert (await app.aget_run(many[0].id)) == many[0]
     await app.aclose()
+
+
+def test_each_event_loop_gets_a_pool_that_closes_when_the_loop_ends(settings: Settings) -> None:
+    """``asyncio.run(...aenqueue...)`` twice, as a script or a test does: each loop's
+    pool closes at the loop's end (no connection left behind, no end waiting on the
+    pool's tasks), and the next loop opens its own."""
+    name = f"probe-{settings.schema}"
+    joint = "&" if "?" in settings.database_url else "?"
+    url = f"{settings.database_url}{joint}application_name={name}"
+    app = Tidegate(settings=dataclasses.replace(settings, database_url=url))
+    app.migrate()
+
+    async def burst() -> None:
+        await asyncio.gather(*(app.aenqueue("echo", {"i": i}) for i in range(10)))
+
+    def open_connections() -> int:
+        with psycopg.connect(settings.database_url, autocommit=True) as conn:
+            query = "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s"
+            return conn.execute(query, (name,)).fetchone()[0]  # type: ignore[index]
+
+    try:
+        for _ in range(3):
+            asyncio.run(burst())
+            assert open_connections() == 0
+        assert len(app.list_runs()) == 30
+    finally:
+        app.close()

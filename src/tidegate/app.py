@@ -160,7 +160,10 @@ class Tidegate:
         )
         self.schedules: dict[tuple[str, str], Declared] = {}
         """The schedules declared with ``periodic``, by (project, name)."""
-        self._async_pool: tuple[asyncio.AbstractEventLoop, AsyncConnectionPool] | None = None
+        self._async_pool: (
+            tuple[asyncio.AbstractEventLoop, AsyncConnectionPool, asyncio.Task[None]] | None
+        ) = None
+        """``aexecute``'s pool, the loop it serves, and the task that closes it (``_pool_on``)."""
         self._worker_checks: dict[tuple[str, str], float] = {}
         """When each (lane, task) was last found to have a live worker, or not."""
 
@@ -670,8 +673,10 @@ class Tidegate:
         (``tidegate.forward`` does) on the loop that is about to end.
         """
         if self._async_pool is not None:
-            await self._async_pool[1].close()
+            _, pool, keeper = self._async_pool
             self._async_pool = None
+            keeper.cancel()
+            await pool.close()
 
     # -- drivers ------------------------------------------------------------------
 
@@ -682,17 +687,32 @@ class Tidegate:
 
     async def aexecute(self, steps: Steps[T]) -> T:
         """Async form of ``execute``."""
-        loop = asyncio.get_running_loop()
         with self._plain_errors():
-            if self._async_pool is None or self._async_pool[0] is not loop:
-                # One connection first, as ``Database.pool`` does: an unreachable server
-                # fails at once, not after the pool's 30 s wait for a connection.
-                await (await self.database.aconnect()).close()
-                pool = self.database.async_pool()
-                await pool.open()
-                self._async_pool = (loop, pool)
-            async with self._async_pool[1].connection() as conn:
+            async with (await self._pool_on(asyncio.get_running_loop())).connection() as conn:
                 return await adrive(conn, steps)
+
+    async def _pool_on(self, loop: asyncio.AbstractEventLoop) -> AsyncConnectionPool:
+        """Return the running loop's async pool, opened on the loop's first call.
+
+        The pool closes when the loop ends: a keeper task on the loop closes it when it
+        is cancelled, as ``asyncio.run`` (and every runner) cancels a loop's tasks at its
+        end. Left open, the pool's own tasks swallow that cancellation while they work
+        (psycopg_pool's workers catch ``CancelledError`` around a maintenance task), and
+        the loop's end waits on them for ever.
+        """
+        if self._async_pool is None or self._async_pool[0] is not loop:
+            pool = self.database.async_pool()
+            keeper = loop.create_task(_close_when_cancelled(pool), name="tidegate-async-pool")
+            _KEEPERS.add(keeper)
+            keeper.add_done_callback(_KEEPERS.discard)
+            self._async_pool = (loop, pool, keeper)
+        pool = self._async_pool[1]
+        if pool.closed:  # not opened yet (open() is safe to call again)
+            # One connection first, as ``Database.pool`` does: an unreachable server
+            # fails at once, not after the pool's 30 s wait for a connection.
+            await (await self.database.aconnect()).close()
+            await pool.open()
+        return pool
 
     @contextlib.contextmanager
     def _plain_errors(self) -> Iterator[None]:
@@ -857,3 +877,15 @@ def _enqueue_span(rows: list[dict[str, Any]]) -> AbstractContextManager[Span]:
     """The span of one enqueue (tracing.py): how many runs, the first one's task and lane."""
     first = rows[0] if rows else {"task": "", "lane": ""}
     return span("enqueue", runs=len(rows), task=first["task"], lane=first["lane"])
+
+
+_KEEPERS: set[asyncio.Task[None]] = set()
+"""The keepers of open async pools: a task only its loop refers to may be collected."""
+
+
+async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
+    """Wait until cancelled (the loop's end, or ``aclose_pool``), then close ``pool``."""
+    try:
+        await asyncio.get_running_loop().create_future()
+    finally:
+        await pool.close()
