@@ -247,6 +247,7 @@ def test_enqueueing_reads_no_backlog_when_the_statistics_predate_it(
             "idempotency_key": None,
             "unique_key": None,
             "unique_states": None,
+            "trace_context": None,
         }
         for i in range(200)
     ]
@@ -328,6 +329,7 @@ def test_a_probe_of_an_empty_lane_reads_no_backlog_of_another_when_the_statistic
         "idempotency_key": None,
         "unique_key": None,
         "unique_states": None,
+        "trace_context": None,
         "channel": "c",
     }
     for _ in range(7):

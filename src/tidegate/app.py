@@ -81,7 +81,7 @@ from tidegate.settings import Settings
 from tidegate.storage.database import Database, describe_failure
 from tidegate.storage.migrate import check_schema, migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
-from tidegate.tracing import Span, span
+from tidegate.tracing import Span, carrier, span
 from tidegate.unique import Unique
 
 MAX_DELAY = timedelta(days=3650)
@@ -372,8 +372,13 @@ class Tidegate:
         if not rows:
             return []
         yield from self._warn_of_tasks_without_worker(rows)
+        context = carrier()  # the enqueue's span, where one records
+        if context is not None:
+            rows = [{**row, "trace_context": context} for row in rows]
         if len(rows) == 1:
             one = {**rows[0], "args": json.dumps(rows[0]["args"], default=_iso)}
+            if context is not None:
+                one["trace_context"] = json.dumps(context)
             params = {**one, "channel": self.available_channel}
             inserted = yield Statement("insert_run", params, dict_row)
         else:
@@ -524,6 +529,7 @@ class Tidegate:
             "idempotency_key": n.idempotency_key,
             "unique_key": None,
             "unique_states": None,
+            "trace_context": None,
         }
         if unique is not None:
             row["unique_key"] = unique.key(row)
@@ -876,7 +882,7 @@ def _scheduled_at(n: NewRun) -> datetime | None:
 def _enqueue_span(rows: list[dict[str, Any]]) -> AbstractContextManager[Span]:
     """The span of one enqueue (tracing.py): how many runs, the first one's task and lane."""
     first = rows[0] if rows else {"task": "", "lane": ""}
-    return span("enqueue", runs=len(rows), task=first["task"], lane=first["lane"])
+    return span("enqueue", kind="producer", runs=len(rows), task=first["task"], lane=first["lane"])
 
 
 _KEEPERS: set[asyncio.Task[None]] = set()

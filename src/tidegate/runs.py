@@ -84,6 +84,10 @@ class Run:
     """A unique run's key (``Unique``); ``None`` for any other run."""
     unique_states: tuple[RunState, ...] | None = None
     """The states in which a unique run holds its key."""
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context (``traceparent``, ``tracestate``) of the span that made the
+    run, its enqueue's or a webhook sender's; the execution's span links to it
+    (``tidegate.tracing``). ``None`` where no trace was active."""
     duplicate: bool = field(default=False, compare=False)
     """Whether the enqueue that returned this run found it already there (a repeated
     idempotency key, or a unique run's key) and inserted nothing. Not stored: a run read

@@ -153,7 +153,7 @@ async def receive(token: str, request: Request) -> Response:
     ingress: Api = request.app.state.api
     started = time.monotonic()
     note = Note(received_at=datetime.now(UTC))
-    with span("admit") as admitting:
+    with span("admit", parent=request.headers) as admitting:
         try:
             response = await _receive(ingress, token, request, note)
         except psycopg.Error as error:

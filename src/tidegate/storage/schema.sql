@@ -74,6 +74,10 @@ CREATE TABLE runs (
     -- instead of inserting (runs_unique). NULL for every other run.
     unique_key       text,
     unique_states    run_state[],
+    -- The trace context of what made the run (tidegate.tracing): the W3C `traceparent`
+    -- and `tracestate` of the enqueue's span, or of a webhook's sender. NULL where there
+    -- was none.
+    trace_context    jsonb,
     CONSTRAINT runs_lane_format CHECK (lane ~ '^[A-Za-z0-9_]+$'),
     CONSTRAINT runs_priority_range CHECK (priority BETWEEN 0 AND 9),
     CONSTRAINT runs_max_attempts_positive CHECK (max_attempts >= 1)

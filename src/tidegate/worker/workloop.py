@@ -254,7 +254,8 @@ class Workloop(Service):
         _progress.set(worker.completer)  # in this run's task's own context
         me = asyncio.current_task()
         assert me is not None
-        with span("execute", **run.fields) as executing:
+        attributes: dict[str, Any] = run.fields  # none of them named as span's options
+        with span("execute", kind="consumer", link=run.trace_context, **attributes) as executing:
             self.handling[run.id] = (me, run, started)
             try:
                 outcome = await execute(

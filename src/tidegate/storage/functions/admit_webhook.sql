@@ -264,9 +264,14 @@ BEGIN
     IF p_ticket IS NOT NULL THEN  -- its place is taken up
         DELETE FROM waiting_places WHERE waiting_places.ticket = p_ticket;
     END IF;
-    INSERT INTO runs (project, lane, key, task, args, max_attempts, vtime)
+    -- The sender's trace context, where it sent one (W3C Trace Context headers, kept
+    -- with the request): the run's execution span links to it (tidegate.tracing).
+    INSERT INTO runs (project, lane, key, task, args, max_attempts, vtime, trace_context)
     VALUES (p_project, p_lane, p_key, p_task, p_args, p_max_attempts,
-            next_vtime(p_lane, p_key))
+            next_vtime(p_lane, p_key),
+            CASE WHEN p_headers ? 'traceparent' THEN jsonb_strip_nulls(jsonb_build_object(
+                'traceparent', p_headers->'traceparent', 'tracestate', p_headers->'tracestate'
+            )) END)
     RETURNING id INTO new_run;
     INSERT INTO requests (project, trigger_id, run_id, idempotency_key, content_type, headers, body)
     VALUES (p_project, p_trigger_id, new_run, p_idempotency_key, p_content_type, p_headers, p_body)

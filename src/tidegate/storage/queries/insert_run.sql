@@ -13,19 +13,22 @@ WITH run AS (
            %(idempotency_key)s::text AS idempotency_key,
            %(unique_key)s::text AS unique_key,
            %(unique_states)s::run_state[] AS unique_states,
+           %(trace_context)s::jsonb AS trace_context,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled'
                 ELSE 'available' END::run_state AS state
 ),
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
+                      state, vtime)
     SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NULL AND %(unique_key)s::text IS NULL
     RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
+                      state, vtime)
     SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL
     ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique

@@ -24,9 +24,10 @@ WITH batch AS (
     SELECT * FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
         project text, lane text, key text, task text, args jsonb, priority smallint,
         max_attempts smallint, scheduled_at timestamptz, idempotency_key text,
-        unique_key text, unique_states run_state[]
+        unique_key text, unique_states run_state[], trace_context jsonb
     )) WITH ORDINALITY AS i(project, lane, key, task, args, priority, max_attempts,
-                            scheduled_at, idempotency_key, unique_key, unique_states, ord)
+                            scheduled_at, idempotency_key, unique_key, unique_states,
+                            trace_context, ord)
 ),
 clock AS MATERIALIZED (  -- once per key, not per run
     SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight
@@ -35,7 +36,7 @@ clock AS MATERIALIZED (  -- once per key, not per run
 stamped AS (
     SELECT b.project, b.lane, b.key, b.task, b.args, b.priority, b.max_attempts,
            coalesce(b.scheduled_at, now()) AS scheduled_at, b.idempotency_key,
-           b.unique_key, b.unique_states,
+           b.unique_key, b.unique_states, b.trace_context,
            CASE WHEN b.scheduled_at > now() THEN 'scheduled' ELSE 'available' END::run_state
                AS state,
            c.start + row_number() OVER (PARTITION BY b.lane, b.key ORDER BY b.ord) / c.weight
@@ -45,18 +46,22 @@ stamped AS (
 ),
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
+                      state, vtime)
     SELECT project, lane, key, task, args, priority, max_attempts,
-           scheduled_at, idempotency_key, unique_key, unique_states, state, vtime
+           scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
+           state, vtime
     FROM stamped WHERE idempotency_key IS NULL AND unique_key IS NULL
     ORDER BY ord
     RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
-                      scheduled_at, idempotency_key, unique_key, unique_states, state, vtime)
+                      scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
+                      state, vtime)
     SELECT project, lane, key, task, args, priority, max_attempts,
-           scheduled_at, idempotency_key, unique_key, unique_states, state, vtime
+           scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
+           state, vtime
     FROM stamped WHERE idempotency_key IS NOT NULL OR unique_key IS NOT NULL
     ORDER BY ord
     ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique
