@@ -245,8 +245,8 @@ def test_enqueueing_reads_no_backlog_when_the_statistics_predate_it(
             "max_attempts": 20,
             "scheduled_at": None,
             "idempotency_key": None,
-        "unique_key": None,
-        "unique_states": None,
+            "unique_key": None,
+            "unique_states": None,
             "unique_key": None,
             "unique_states": None,
         }
