@@ -63,6 +63,7 @@ def admission(trigger: dict[str, Any], key: str) -> dict[str, Any]:
         "ticket": None,
         "place_grace": 2.0,
         "max_places": 10_000,
+        "default_max_attempts": 20,
     }
 
 

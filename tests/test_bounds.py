@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from tidegate import Settings, Tidegate
 from tidegate.api.admin import KeyPolicy, ProjectLimits, ScheduleFields, TriggerFields
+from tidegate.api.workers import TaskDeclaration
 from tidegate.cli import main
 from tidegate.errors import ConfigError, InputError
 from tidegate.limits import (
@@ -32,6 +33,7 @@ from tidegate.limits import (
     PROJECT_BOUNDS,
     SCHEDULE_BOUNDS,
     SETTING_BOUNDS,
+    TASK_BOUNDS,
     TRIGGER_BOUNDS,
     Bound,
     Bounds,
@@ -39,12 +41,14 @@ from tidegate.limits import (
 from tidegate.policies import set_key_policy
 from tidegate.projects import create_project, update_trigger
 from tidegate.schedules import new_schedule
+from tidegate.tasks import TaskSettings
 
 TABLES: dict[str, Bounds] = {
     "projects": PROJECT_BOUNDS,
     "triggers": TRIGGER_BOUNDS,
     "key_policies": POLICY_BOUNDS,
     "schedules": SCHEDULE_BOUNDS,
+    "tasks": TASK_BOUNDS,
 }
 """The tables whose numeric columns are declared, each with its declaration."""
 
@@ -53,7 +57,10 @@ MODELS: list[tuple[type[BaseModel], Bounds]] = [
     (TriggerFields, TRIGGER_BOUNDS),
     (KeyPolicy, POLICY_BOUNDS),
     (ScheduleFields, SCHEDULE_BOUNDS),
+    (TaskDeclaration, TASK_BOUNDS),
 ]
+REQUIRED: dict[type[BaseModel], dict[str, Any]] = {TaskDeclaration: {"name": "echo"}}
+"""What a model needs besides the number under test."""
 
 COMMANDS: list[tuple[tuple[str, ...], Bounds, bool]] = [
     (("projects", "create"), PROJECT_BOUNDS, True),
@@ -83,6 +90,10 @@ LIBRARY: dict[str, Callable[[str, Any], Any]] = {
     "schedules": lambda name, value: new_schedule(
         "acme", "nightly", "echo", **{"interval_seconds": 60.0, name: value}
     ),
+    "tasks": lambda name, value: TaskSettings(
+        **{"name": "echo", "lane": "default", "max_attempts": None, "timeout_seconds": None}
+        | {"priority": 0, name: value}
+    ).checked(),
 }
 """A library call per table that checks one field before it writes anything."""
 
@@ -130,12 +141,13 @@ def test_each_setting_holds_its_declared_range(name: str, bound: Bound) -> None:
 @pytest.mark.parametrize(("model", "bounds"), MODELS, ids=lambda m: getattr(m, "__name__", ""))
 def test_each_admin_model_holds_the_declared_ranges(model: type[BaseModel], bounds: Bounds) -> None:
     assert set(bounds) <= set(model.model_fields)
+    required = REQUIRED.get(model, {})
     for name, bound in bounds.items():
         for value in ends(bound):
-            assert getattr(model(**{name: value}), name) == value
+            assert getattr(model(**required, **{name: value}), name) == value
         for value in past(bound):
             with pytest.raises(ValidationError):
-                model(**{name: value})
+                model(**required, **{name: value})
 
 
 @pytest.mark.parametrize(

@@ -271,6 +271,7 @@ def _admit_params(
         "ticket": None,
         "place_grace": PLACE_GRACE_SECONDS,
         "max_places": MAX_PLACES,
+        "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
     }
 
 

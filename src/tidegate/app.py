@@ -81,6 +81,7 @@ from tidegate.settings import Settings
 from tidegate.storage.database import Database, describe_failure
 from tidegate.storage.migrate import check_schema, migrate
 from tidegate.storage.sql import Statement, Steps, adrive, drive, in_schema
+from tidegate.tasks import TaskSettings, find_tasks
 from tidegate.tracing import Span, carrier, span
 from tidegate.unique import Unique
 
@@ -119,6 +120,19 @@ class Task:
     @functools.cached_property
     def is_async(self) -> bool:
         return inspect.iscoroutinefunction(self.fn)
+
+    @functools.cached_property
+    def settings(self) -> TaskSettings:
+        """What a worker declares of the task for every process (``tidegate.tasks``)."""
+        key = self.key
+        return TaskSettings(
+            name=self.name,
+            lane=self.lane,
+            max_attempts=self.max_attempts,
+            timeout_seconds=self.timeout,
+            priority=self.priority,
+            key_function=None if key is None else f"{key.__module__}.{key.__qualname__}",
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -166,6 +180,8 @@ class Tidegate:
         """``aexecute``'s pool, the loop it serves, and the task that closes it (``_pool_on``)."""
         self._worker_checks: dict[tuple[str, str], float] = {}
         """When each (lane, task) was last found to have a live worker, or not."""
+        self._keys_warned: set[str] = set()
+        """The tasks enqueued by name whose key function this process has been warned of."""
 
     @property
     def available_channel(self) -> str:
@@ -217,16 +233,6 @@ class Tidegate:
         """
 
         def register(fn: F) -> Task:
-            try:
-                check_lane(lane)
-            except InputError as error:
-                raise ConfigError(str(error)) from None
-            if max_attempts is not None and max_attempts not in ATTEMPTS:
-                raise ConfigError(
-                    f"max_attempts must be {ATTEMPTS.low} to {ATTEMPTS.high}, got {max_attempts}"
-                )
-            if timeout is not None and not 0 < timeout <= MAX_DELAY.total_seconds():
-                raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
             task = Task(
                 name=name or task_name(fn),
                 fn=fn,
@@ -237,6 +243,10 @@ class Tidegate:
                 key=key,
                 backoff=backoff,
             )
+            try:
+                task.settings.checked()  # what every process will read of it
+            except InputError as error:
+                raise ConfigError(f"task {task.name!r}: {error}") from None
             self.tasks[task.name] = task
             return task
 
@@ -333,11 +343,11 @@ class Tidegate:
         On a connection in autocommit mode outside a transaction block, the enqueue is a
         transaction of its own, committed before it returns, as any statement there is.
         """
-        rows = [self.resolve(n) for n in runs]
-        with _enqueue_span(rows):
+        new = list(runs)
+        with _enqueue_span(new):
             if connection is None:
-                return self.execute(self.insert_steps(rows))
-            return self._execute_in(connection, self.insert_steps(rows))
+                return self.execute(self.enqueue_steps(new))
+            return self._execute_in(connection, self.enqueue_steps(new))
 
     async def aenqueue(
         self,
@@ -355,16 +365,40 @@ class Tidegate:
         self, runs: Iterable[NewRun], *, connection: psycopg.AsyncConnection[Any] | None = None
     ) -> list[Run]:
         """Async form of ``enqueue_many``; ``connection`` is a psycopg ``AsyncConnection``."""
-        rows = [self.resolve(n) for n in runs]
-        with _enqueue_span(rows):
+        new = list(runs)
+        with _enqueue_span(new):
             if connection is None:
-                return await self.aexecute(self.insert_steps(rows))
-            return await self._aexecute_in(connection, self.insert_steps(rows))
+                return await self.aexecute(self.enqueue_steps(new))
+            return await self._aexecute_in(connection, self.enqueue_steps(new))
 
     def enqueue_steps(self, new: Sequence[NewRun]) -> Steps[list[Run]]:
         """The steps of ``enqueue_many``, for a caller that runs them on a connection of
-        its own (the API process, on its pool: the dashboard's Replay)."""
-        return self.insert_steps([self.resolve(n) for n in new])
+        its own (the API process, on its pool: ``POST /runs``, the dashboard's Replay).
+
+        A run of a task this app has is resolved here, before any connection is used
+        (bad input fails at once, and the insert is the only round trip). A run named by
+        a task it lacks takes the settings the task's workers declared (``tidegate.tasks``):
+        one more statement first, on the same connection and in the same transaction.
+        """
+        names = sorted(
+            {n.task for n in new if isinstance(n.task, str) and n.task not in self.tasks}
+        )
+        if not names:
+            return self.insert_steps([self.resolve(n) for n in new])
+        for name in names:  # before the lookup sends them
+            try:
+                check_text(name, "task name")
+            except InputError as error:
+                raise EnqueueError(str(error)) from None
+        return self._enqueue_declared(new, names)
+
+    def _enqueue_declared(self, new: Sequence[NewRun], names: list[str]) -> Steps[list[Run]]:
+        """``enqueue_steps`` for runs of tasks named only: read their declarations first."""
+        declared = yield from find_tasks(names)
+        rows = [
+            self.resolve(n, declared.get(n.task) if isinstance(n.task, str) else None) for n in new
+        ]
+        return (yield from self.insert_steps(rows))
 
     def insert_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
         """The steps that insert rows ``resolve`` made; they return the runs in input
@@ -478,14 +512,17 @@ class Tidegate:
                     lane,
                 )
 
-    def resolve(self, n: NewRun) -> dict[str, Any]:
+    def resolve(self, n: NewRun, declared: TaskSettings | None = None) -> dict[str, Any]:
         """Resolve one ``NewRun`` against its task and the defaults into a row to insert.
 
-        Every value is checked against ``tidegate.limits`` here, so that nothing the
-        enqueue accepts fails in the database or in a worker.
+        The task is this app's (``n.task``, or the one registered under its name), else
+        the settings its workers ``declared`` (``tidegate.tasks``); a value ``n`` gives
+        wins over either. Every value is checked against ``tidegate.limits`` here, so
+        that nothing the enqueue accepts fails in the database or in a worker.
         """
         task = n.task if isinstance(n.task, Task) else self.tasks.get(n.task)
         name = n.task if isinstance(n.task, str) else n.task.name
+        settings = task.settings if task is not None else declared
         args = {} if n.args is None else n.args
         try:
             check_text(name, "task name")
@@ -493,8 +530,10 @@ class Tidegate:
                 raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
             check_json(args, f"args of {name!r}", self.settings.max_json_depth)
             check_identifier(n.project, "project id")
-            lane = check_lane(n.lane or (task.lane if task else DEFAULT_LANE))
+            lane = check_lane(n.lane or (settings.lane if settings else DEFAULT_LANE))
             key = n.key or (task.key(args) if task and task.key else n.project)
+            if not n.key and task is None and settings and settings.key_function:
+                self._warn_of_key_function(settings)
             check_text(key, f"key of a run of {name!r}")
             if n.idempotency_key is not None:
                 check_text(n.idempotency_key, "idempotency key")
@@ -503,14 +542,16 @@ class Tidegate:
             unique = n.unique.checked() if n.unique is not None else None
         except InputError as error:
             raise EnqueueError(str(error)) from None
-        priority = n.priority if n.priority is not None else (task.priority if task else 0)
+        priority = n.priority if n.priority is not None else (settings.priority if settings else 0)
         if not isinstance(priority, int) or priority not in PRIORITY:
             raise EnqueueError(
                 f"priority of {name!r} must be {PRIORITY.low} (first) to {PRIORITY.high}, "
                 f"got {priority!r}"
             )
         max_attempts = (
-            n.max_attempts or (task.max_attempts if task else None) or self.settings.max_attempts
+            n.max_attempts
+            or (settings.max_attempts if settings else None)
+            or self.settings.max_attempts
         )
         if not isinstance(max_attempts, int) or max_attempts not in ATTEMPTS:
             raise EnqueueError(
@@ -535,6 +576,20 @@ class Tidegate:
             row["unique_key"] = unique.key(row)
             row["unique_states"] = [str(state) for state in unique.states]
         return row
+
+    def _warn_of_key_function(self, declared: TaskSettings) -> None:
+        """Warn, once per task and process, that runs enqueued here by name get their
+        project's key: the task's key function is code this process does not have."""
+        if declared.name in self._keys_warned:
+            return
+        self._keys_warned.add(declared.name)
+        log.warning(
+            "task %r computes its runs' keys with %s, which this process does not have: "
+            "runs enqueued here without key= get their project's key",
+            declared.name,
+            declared.key_function,
+            extra={"task": declared.name},
+        )
 
     # -- reading and cancelling runs ---------------------------------------------
 
@@ -879,10 +934,16 @@ def _scheduled_at(n: NewRun) -> datetime | None:
     return datetime.now(UTC) + delay
 
 
-def _enqueue_span(rows: list[dict[str, Any]]) -> AbstractContextManager[Span]:
-    """The span of one enqueue (tracing.py): how many runs, the first one's task and lane."""
-    first = rows[0] if rows else {"task": "", "lane": ""}
-    return span("enqueue", kind="producer", runs=len(rows), task=first["task"], lane=first["lane"])
+def _enqueue_span(new: list[NewRun]) -> AbstractContextManager[Span]:
+    """The span of one enqueue (tracing.py): how many runs, the first one's task and lane
+    (the lane it was given, or its task's in this app; "" when the declaration decides)."""
+    if not new:
+        return span("enqueue", kind="producer", runs=0, task="", lane="")
+    task = new[0].task
+    name = task.name if isinstance(task, Task) else task
+    known = task if isinstance(task, Task) else None
+    lane = new[0].lane or (known.lane if known else "")
+    return span("enqueue", kind="producer", runs=len(new), task=name, lane=lane)
 
 
 _KEEPERS: set[asyncio.Task[None]] = set()

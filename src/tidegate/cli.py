@@ -58,6 +58,7 @@ from tidegate.storage.database import Database, describe_database, describe_fail
 from tidegate.storage.embedded import embedded_status, find_data_dir
 from tidegate.storage.migrate import check_schema, latest_version, schema_version
 from tidegate.storage.sql import Steps
+from tidegate.tasks import find_tasks, list_tasks
 
 FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 log = logging.getLogger("tidegate")
@@ -284,30 +285,36 @@ def migrate(ctx: click.Context) -> None:
 @click.argument("task")
 @_command_option("--args", default="{}", help="The run's args, a JSON object.")
 @_command_option("--project", default="default", help="The project (tenant) the run is of.")
-@_command_option("--lane", default="manual", help="Lane: a run started by hand is 'manual'.")
+@_command_option("--lane", help="The run's lane.  [default: the task's declared lane, or 'manual']")
 @_command_option("--key", help="Concurrency/fairness key.  [default: the project]")
 @_command_option(
-    "--priority", type=bounded(PRIORITY), help="0 runs first.  [default: the task's, or 0]"
+    "--priority",
+    type=bounded(PRIORITY),
+    help="0 runs first.  [default: the task's declared priority, or 0]",
 )
 @_command_option("--delay", type=float, help="Seconds from now before the run is due.")
 @_command_option("--idempotency-key", help="A repeat with the same key returns the first run.")
 @_command_option(
     "--max-attempts",
     type=bounded(ATTEMPTS),
-    help="[default: the task's, or TIDEGATE_MAX_ATTEMPTS]",
+    help="[default: the task's declared max_attempts, or TIDEGATE_MAX_ATTEMPTS]",
 )
 @click.pass_context
 def enqueue(ctx: click.Context, /, task: str, args: str, **options: Any) -> None:
     """Enqueue one run of TASK and print it as JSON, as it stands once enqueued.
 
-    The run is read again after the enqueue has committed: a worker may have taken it,
-    or finished it, by then, and the state printed is the one it has.
+    What is not given comes from the settings the task's workers declared when they
+    started (`tidegate tasks`); a task no worker declared runs in the 'manual' lane. The
+    run is read again after the enqueue has committed: a worker may have taken it, or
+    finished it, by then, and the state printed is the one it has.
     """
     try:
         loaded = json.loads(args)
     except json.JSONDecodeError as error:
         raise click.BadParameter(f"not JSON: {error}", param_hint="--args") from None
     with _open(ctx) as app:
+        if options["lane"] is None and not app.execute(find_tasks([task])):
+            options["lane"] = "manual"  # a run started by hand, of a task nobody declared
         try:
             run = app.enqueue_many([NewRun(task, loaded, **options)])[0]
         except TidegateError as error:
@@ -415,6 +422,37 @@ def _run_row(run: Run) -> tuple[str, ...]:
         run.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
         run.reason or "",
     )
+
+
+TASK_COLUMNS = ("TASK", "LANE", "PRIORITY", "ATTEMPTS", "TIMEOUT", "KEY", "DECLARED BY", "AT")
+
+
+@main.command()
+@_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def tasks(ctx: click.Context, /, json: bool) -> None:
+    """List the tasks the workers declared, with the settings a run enqueued by name gets
+    (ATTEMPTS '-': TIDEGATE_MAX_ATTEMPTS; TIMEOUT '-': none; KEY: the task's key function,
+    which only its workers can run)."""
+    with _open(ctx) as app:
+        declared = app.execute(list_tasks())
+    if json:
+        _echo([task.to_json() for task in declared])
+        return
+    rows: list[tuple[str, ...]] = [
+        (
+            task.name,
+            task.lane,
+            str(task.priority),
+            "-" if task.max_attempts is None else str(task.max_attempts),
+            "-" if task.timeout_seconds is None else f"{task.timeout_seconds:g}s",
+            task.key_function or "-",
+            task.declared_by or "",
+            task.updated_at.strftime("%Y-%m-%d %H:%M:%S") if task.updated_at else "",
+        )
+        for task in declared
+    ]
+    click.echo(_table(TASK_COLUMNS, rows, "tasks declared"))
 
 
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], things: str) -> str:

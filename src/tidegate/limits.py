@@ -256,6 +256,13 @@ POLICY_BOUNDS: Bounds = {
     "breaker_probes": Bound(1, 1000, whole=True),
 }
 """A key policy's fields (tidegate.policies; the CHECKs key_policies_*_range)."""
+TASK_BOUNDS: Bounds = {
+    "priority": PRIORITY,
+    "max_attempts": ATTEMPTS,
+    "timeout_seconds": DURATION,
+}
+"""A task's declared numbers (``@app.task``, a remote worker's registration; the CHECKs
+tasks_*_range)."""
 SCHEDULE_BOUNDS: Bounds = {
     "priority": PRIORITY,
     "max_attempts": ATTEMPTS,

@@ -24,7 +24,7 @@ from psycopg.rows import dict_row
 
 from tidegate import forward
 from tidegate.errors import InputError, TidegateError
-from tidegate.lanes import DEFAULT_LANE, FAST_LANE
+from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
     PROJECT_BOUNDS,
     TRIGGER_BOUNDS,
@@ -184,9 +184,9 @@ def trigger_warnings(trigger: dict[str, Any], live_seconds: float) -> Steps[list
     task's name would otherwise only show once webhooks wait (async) or are refused
     (sync). The admin API and ``tidegate triggers`` show these.
     """
-    lane = FAST_LANE if trigger["mode"] == "sync" else DEFAULT_LANE
-    params = {"lanes": [lane], "tasks": [trigger["task"]], "live_seconds": live_seconds}
-    [(_, _, has_worker)] = yield Statement("find_task_workers", params)
+    given = FAST_LANE if trigger["mode"] == "sync" else None  # None: the task's declared
+    params = {"lanes": [given], "tasks": [trigger["task"]], "live_seconds": live_seconds}
+    [(lane, _, has_worker)] = yield Statement("find_task_workers", params)
     if has_worker:
         return []
     waits = "are refused (503)" if lane == FAST_LANE else "wait"

@@ -30,7 +30,6 @@ from tidegate.api.kernel import (
     problem_responses,
     read_cursor,
 )
-from tidegate.app import DEFAULT_LANE
 from tidegate.errors import InputError
 from tidegate.lanes import FAST_LANE
 from tidegate.limits import (
@@ -79,6 +78,7 @@ from tidegate.schedules import (
 )
 from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
+from tidegate.tasks import list_tasks
 
 log = logging.getLogger("tidegate.ingress")
 router = APIRouter(
@@ -228,14 +228,14 @@ async def _shown(request: Request, trigger: dict[str, Any]) -> dict[str, Any]:
     only show once webhooks wait (async) or are refused (sync).
     """
     ingress: Api = request.app.state.api
-    lane = FAST_LANE if trigger["mode"] == "sync" else DEFAULT_LANE
     params = {
-        "lanes": [lane],
+        "lanes": [FAST_LANE if trigger["mode"] == "sync" else None],  # None: the task's
         "tasks": [trigger["task"]],
         "live_seconds": 3 * ingress.settings.heartbeat_seconds,
     }
     warnings = []
-    if not (await ingress.run(_rows("find_task_workers", params)))[0][2]:
+    [(lane, _, has_worker)] = await ingress.run(_rows("find_task_workers", params))
+    if not has_worker:
         warnings.append(
             f"no live worker has task {trigger['task']!r} for lane {lane!r}: its webhooks "
             + ("are refused (503)" if lane == FAST_LANE else "wait")
@@ -539,6 +539,19 @@ async def get_schedules(
     steps = list_schedules(project, limit=limit + 1, after=after)
     found = await _apply(request, steps)
     shown, link = page(request, found, limit, lambda s: [s["project"], s["name"]])
+    return JSONAnswer(shown, headers=link)
+
+
+@router.get("/tasks", responses=PAGED, operation_id="listTasks")
+async def get_tasks(
+    request: Request, limit: PageSize = MAX_PAGE_SIZE, cursor: Cursor = None
+) -> JSONAnswer:
+    """The tasks the workers declared, by name, a page at a time: the lane, priority,
+    max_attempts and timeout a run enqueued by the task's name gets (``max_attempts``
+    null: the server's default), who declared them and when."""
+    (after,) = read_cursor(cursor, str) or (None,)
+    found = await _apply(request, list_tasks(limit + 1, after=after))
+    shown, link = page(request, [t.to_json() for t in found], limit, lambda t: [t["name"]])
     return JSONAnswer(shown, headers=link)
 
 

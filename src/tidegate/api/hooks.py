@@ -277,7 +277,9 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
             note.outcome = Unjudged.TOO_MANY_STREAMS
             return problem(full.status, full.title, full.headers)
 
-    lane = FAST_LANE if trigger.mode == "sync" else "default"
+    # A sync trigger's runs go to the fast lane, whose slots its callers wait for; an
+    # async one's to the lane its task declares (admit_webhook reads it), else default.
+    lane = FAST_LANE if trigger.mode == "sync" else None
     response = None
     try:
         decision = await ingress.run(
@@ -557,7 +559,7 @@ async def _trigger(ingress: Api, token: str) -> Trigger | None:
 def _admit(
     ingress: Api,
     trigger: Trigger,
-    lane: str,
+    lane: str | None,
     payload: Any,
     body: bytes,
     headers: dict[str, str],
@@ -576,8 +578,10 @@ def _admit(
             "key": trigger.run_key,
             "args": json.dumps({"body": payload, "headers": headers, "trigger": trigger.name}),
             # A sync caller is waiting: it gets the first attempt's outcome, and retries
-            # are its own to make. Async runs retry with backoff.
-            "max_attempts": 1 if lane == FAST_LANE else settings.max_attempts,
+            # are its own to make. Async runs retry with backoff, as often as the task
+            # declares (admit_webhook), else as often as the settings say.
+            "max_attempts": 1 if lane == FAST_LANE else None,
+            "default_max_attempts": settings.max_attempts,
             "idempotency_key": idempotency_key,
             "content_type": content_type,
             "headers": json.dumps(headers),

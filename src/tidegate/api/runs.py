@@ -1,4 +1,4 @@
-"""The runs API: look at runs, retry them, cancel them.
+"""The runs API: enqueue a run by its task's name, look at runs, retry them, cancel them.
 
 The super admin sees every run; a project's token sees that project's runs only (any
 other run is answered 404, as if it did not exist), and of each failed attempt the error
@@ -36,8 +36,22 @@ from tidegate.api.kernel import (
     read_cursor,
 )
 from tidegate.api.streams import Full
-from tidegate.errors import InputError
-from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
+from tidegate.app import NewRun
+from tidegate.errors import EnqueueError, InputError
+from tidegate.limits import (
+    ATTEMPTS,
+    IDENTIFIER,
+    LANE_NAME,
+    MAX_DELAY_SECONDS,
+    MAX_ID,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    PRIORITY,
+    LaneName,
+    RunId,
+    Text,
+)
+from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import Run, RunState
 
 router = APIRouter(
@@ -51,6 +65,29 @@ A_RUN: dict[int | str, dict[str, Any]] = {
     200: {"description": "the run: state, lane, attempts, result, errors, timings"}
 }
 CONFLICT = problem_responses(**{"409": "the run is not in a state that allows it"})
+
+
+class NewRunBody(BaseModel):
+    """A run to enqueue by its task's name. What it leaves out comes from the settings
+    the task's workers declared (tidegate.tasks), then the defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: Text
+    args: dict[str, Any] = Field(default_factory=dict)
+    """The handler's keyword arguments, a JSON object."""
+    project: str | None = Field(None, pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
+    """Default: the calling project's (a project token may enqueue only its own), or
+    ``default`` for the admin."""
+    lane: LaneName | None = None
+    key: Text | None = None
+    """Default: the project."""
+    priority: int | None = PRIORITY.field()
+    max_attempts: int | None = ATTEMPTS.field()
+    delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+    """Seconds from now before the run is due."""
+    idempotency_key: Text | None = None
+    """A repeat with the same key (in the project) answers the first run, 200."""
 
 
 class BulkRetry(BaseModel):
@@ -175,6 +212,39 @@ async def list_runs(
     )
     shown, link = page(request, found, limit, lambda run: [run.id])
     return JSONResponse([_shown(run, caller) for run in shown], headers=link)
+
+
+@router.post(
+    "",
+    status_code=201,
+    responses={
+        200: {"description": "a repeated idempotency key: the run it made first"},
+        201: {"description": "the run, as GET /runs/{id} shows it"},
+        **problem_responses(
+            **{
+                "403": "a project's token enqueueing for another project",
+                "422": "a value outside its bounds (args too deep, a bad lane)",
+            }
+        ),
+    },
+    operation_id="enqueueRun",
+)
+async def enqueue_run(body: NewRunBody, request: Request, caller: Authorized) -> JSONResponse:
+    """Enqueue a run of a task by its name, for a service that does not have the task's
+    code. Lane, priority and max_attempts left out are the task's, as its workers declared
+    them when they started (``GET /admin/tasks``); a task no worker declared gets lane
+    ``default``, priority 0 and the server's max_attempts."""
+    project = body.project or caller.project or DEFAULT_PROJECT
+    if not (caller.admin or project == caller.project):
+        raise HTTPException(403, f"this token enqueues runs of project {caller.project!r} only")
+    fields = body.model_dump(exclude={"task", "args", "project", "delay_seconds"})
+    new = NewRun(body.task, body.args, project=project, delay=body.delay_seconds, **fields)
+    api: Api = request.app.state.api
+    try:
+        [run] = await api.run(api.app.enqueue_steps([new]))
+    except EnqueueError as error:
+        raise HTTPException(422, str(error)) from None
+    return JSONResponse(_shown(run, caller), status_code=200 if run.duplicate else 201)
 
 
 @router.post(

@@ -9,7 +9,8 @@ with ``beat_worker``, and writes outcomes and progress with ``complete_runs``, w
 guard (running, same attempt, same worker) means a worker completes only what it holds.
 
 - ``POST /workers``: register (workloops, tasks); each chain must stay within the
-  token's lanes.
+  token's lanes. A task given with its settings is declared for every process
+  (tidegate.tasks), as a local worker declares its own when it starts.
 - ``POST /workers/{id}/claim``: runs for one workloop, at most its free slots (counted
   here from the runs it holds: slots are never lent, whatever the client asks); a long
   poll, answered as soon as runs are claimed or empty after ``wait_seconds``.
@@ -54,10 +55,11 @@ from tidegate.api.kernel import (
 )
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
-from tidegate.lanes import chain_admits, parse_workloops
+from tidegate.lanes import DEFAULT_LANE, chain_admits, parse_workloops
 from tidegate.limits import (
     MAX_DELAY_SECONDS,
     MAX_TEXT_CHARS,
+    TASK_BOUNDS,
     LaneName,
     RunId,
     Text,
@@ -73,6 +75,7 @@ from tidegate.remote import (
 )
 from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, get_run, run_row
 from tidegate.storage.sql import Statement, Steps
+from tidegate.tasks import TaskSettings, declare_tasks
 from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
 from tidegate.worker.execute import reported_outcome
 from tidegate.worker.maintenance import rescue
@@ -120,12 +123,31 @@ def worker_caller(request: Request) -> WorkerCaller:
 Fleet = Annotated[WorkerCaller, Depends(worker_caller)]
 
 
+class TaskDeclaration(BaseModel):
+    """A task a remote worker has, with the settings its code gives it: runs enqueued by
+    the task's name anywhere take them, unless the enqueue says otherwise
+    (tidegate.tasks)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Text
+    lane: LaneName = DEFAULT_LANE
+    max_attempts: int | None = TASK_BOUNDS["max_attempts"].field()
+    """``null``: the enqueuer's default."""
+    timeout_seconds: float | None = TASK_BOUNDS["timeout_seconds"].field()
+    priority: int = TASK_BOUNDS["priority"].field(0)
+    key_function: Text | None = None
+    """The name of the function that computes a run's key, for the operator to read."""
+
+
 class Registration(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workloops: str = Field(min_length=1, max_length=1000, examples=["fast_lane:1 manual>*:4"])
-    tasks: list[Text] = Field(min_length=1, max_length=1000)
-    """The tasks it has: it is given runs of these only."""
+    tasks: list[Text | TaskDeclaration] = Field(min_length=1, max_length=1000)
+    """The tasks it has (it is given runs of these only): each a name, or a name with
+    its settings, which the API declares for every process (a bare name declares
+    nothing)."""
     host: str | None = Field(default=None, min_length=1, max_length=MAX_TEXT_CHARS)
     """What to show for it in the workers lists (the client's address by default)."""
 
@@ -308,9 +330,14 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
     worker_id = f"remote:{fleet.token}:{secrets.token_hex(6)}"
     workloops = [{"chain": list(s.chain), "slots": s.slots, "busy": 0} for s in specs]
     client = request.client.host if request.client else "?"
-    beat = _beat(api, worker_id, workloops, sorted(set(body.tasks)), fleet, [])
+    names = {task if isinstance(task, str) else task.name for task in body.tasks}
+    beat = _beat(api, worker_id, workloops, sorted(names), fleet, [])
     beat["host"] = body.host or client
     await api.run(_renewed(beat))
+    declared = [
+        TaskSettings(**task.model_dump()) for task in body.tasks if not isinstance(task, str)
+    ]
+    await api.run(declare_tasks(declared, worker_id))
     settings = api.settings
     return {
         "worker_id": worker_id,

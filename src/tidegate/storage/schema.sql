@@ -219,6 +219,37 @@ CREATE TABLE workers (
     )
 );
 
+-- The tasks the workers have, with the settings their code gives them: each worker
+-- writes its tasks' rows when it starts (declare_tasks.sql; a remote one through the
+-- API when it registers), so that a run enqueued by task name by a process that does
+-- not have the task's code (the CLI, POST /runs, a webhook trigger, another service)
+-- gets the same lane, priority and max_attempts as one enqueued by the app that has it.
+-- The last worker to start wins; it logs the settings it replaced.
+CREATE TABLE tasks (
+    name            text        PRIMARY KEY,
+    lane            text        NOT NULL,
+    -- NULL: the enqueuer's default (TIDEGATE_MAX_ATTEMPTS), as for the app's own enqueue.
+    max_attempts    smallint,
+    -- Seconds an attempt may take (NULL: no limit). The worker that runs an attempt
+    -- applies its own task's; the column says what the fleet declared.
+    timeout_seconds float8,
+    priority        smallint    NOT NULL,
+    -- The name of the function that computes a run's key from its args, when the task
+    -- has one: code that only the worker's app holds. A run enqueued by name elsewhere
+    -- without a key gets its project's (app.resolve warns of it).
+    key_function    text,
+    declared_by     text        NOT NULL,   -- the worker that wrote the row
+    updated_at      timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT tasks_name_length CHECK (length(name) BETWEEN 1 AND 255),
+    CONSTRAINT tasks_lane_format CHECK (lane ~ '^[A-Za-z0-9_]{1,64}$'),
+    -- The ranges of tidegate.limits.TASK_BOUNDS (tests/test_bounds.py checks them).
+    CONSTRAINT tasks_priority_range CHECK (priority BETWEEN 0 AND 9),
+    CONSTRAINT tasks_max_attempts_range CHECK (max_attempts BETWEEN 1 AND 1000),
+    CONSTRAINT tasks_timeout_seconds_range CHECK (
+        timeout_seconds > 0 AND timeout_seconds <= 315360000
+    )
+);
+
 -- Remote workers' tokens (docs/workers.md). The admin gives each fleet a token scoped to
 -- lanes; the API registers its workers in the workers table as local ones are, and
 -- claims, renews and completes for them with the same statements.

@@ -6,11 +6,13 @@ at a time on the keyset (received_at, kind, id). A project's session sees its ow
 triggers only: any other trigger id, or a request of another trigger, is a 404.
 
 Replay enqueues a new run of the trigger's task with the args shaped exactly as
-ingress shapes them (``{"body", "headers", "trigger"}``), with the project as key, in
-the ``default`` lane: a sync trigger's runs go to ``fast_lane`` because a caller waits
-for them, and nobody waits for a replay. Only a request that passed ingress's checks
-of its own content can be replayed: one admitted, or refused by the admission (a limit
-of the moment), its content type, JSON and signature checked again (``_replayable``).
+ingress shapes them (``{"body", "headers", "trigger"}``), with the project as key, as
+an async trigger's run: in the lane, priority and max_attempts its task's workers
+declared (tidegate.tasks), else ``default``. A sync trigger's runs go to ``fast_lane``
+because a caller waits for them, and nobody waits for a replay. Only a request that
+passed ingress's checks of its own content can be replayed: one admitted, or refused by
+the admission (a limit of the moment), its content type, JSON and signature checked
+again (``_replayable``).
 A request refused for its signature or its body, or whose body was kept truncated (the
 run would get a body that was never sent), cannot.
 """
@@ -26,7 +28,7 @@ from fastapi import APIRouter, HTTPException, Path, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from tidegate.access import Session
-from tidegate.app import DEFAULT_LANE, NewRun
+from tidegate.app import NewRun
 from tidegate.errors import EnqueueError, InputError
 from tidegate.limits import MAX_ID, parse_json, whole_number
 from tidegate.runs import RunState
@@ -224,7 +226,6 @@ async def replay(
         args,
         project=trigger["project"],
         key=trigger["project"],
-        lane=DEFAULT_LANE,
     )
     try:
         runs = await api.run(api.app.enqueue_steps([new]))

@@ -109,7 +109,7 @@ class RemoteLink:
         """Register; the API names the worker, and says how often it must beat."""
         body = {
             "workloops": worker.settings.workloops,
-            "tasks": sorted(worker.tasks),
+            "tasks": [worker.tasks[name].settings.declaration() for name in sorted(worker.tasks)],
             "host": worker.id,
         }
         registered = await self._call("POST", "/workers", body)

@@ -13,11 +13,13 @@ A ``Worker`` holds:
   pruner, folder) and the scheduler (worker/scheduler.py);
 - its link (worker/link.py): the database, or the API for a remote worker.
 
-A worker claims only runs of the tasks it has (its app's tasks when it starts, also
-advertised in its row): a claim passes over a run of another task, leaving it for a
-worker that has it. When no live worker has it, the parker (every ``stage_seconds``,
-after a claim that came up short) sets it ``pending`` until one starts, out of the
-claims' way. No attempt is spent for want of a task.
+When it starts, a worker declares its tasks' settings (lane, priority, max_attempts,
+timeout) in the ``tasks`` table (tidegate.tasks), so that a run enqueued by task name by
+a process without the task's code gets them too. A worker claims only runs of the tasks
+it has (its app's tasks when it starts, also advertised in its row): a claim passes
+over a run of another task, leaving it for a worker that has it. When no live worker
+has it, the parker (every ``stage_seconds``, after a claim that came up short) sets it
+``pending`` until one starts, out of the claims' way. No attempt is spent for want of a task.
 
 Shutdown (SIGTERM/SIGINT): stop claiming, start no run that waits for a slot, let
 in-flight runs finish for up to ``shutdown_grace_seconds``, then cancel async handlers
@@ -47,6 +49,7 @@ from tidegate.forward import FORWARD_TASK, handler
 from tidegate.lanes import BUILTIN_LANES
 from tidegate.settings import Settings
 from tidegate.storage.sql import adrive
+from tidegate.tasks import declare_tasks
 from tidegate.worker.completer import Completer
 from tidegate.worker.counters import Counters, as_json
 from tidegate.worker.link import DatabaseLink, RemoteLink
@@ -204,6 +207,8 @@ class Worker:
             await self.beat()
             if isinstance(self.link, DatabaseLink):
                 async with self.pool.connection() as conn:
+                    declared = [task.settings for task in self.tasks.values()]
+                    await adrive(conn, declare_tasks(declared, self.id))
                     await adrive(conn, declare_steps(self.app, list(self.tasks)))
             tasks = [service.start() for service in self.services]
             for service in self.services:

@@ -63,7 +63,8 @@ CREATE OR REPLACE FUNCTION admit_webhook(
     p_channel text,
     p_ticket uuid,
     p_place_grace float8,
-    p_max_places integer
+    p_max_places integer,
+    p_default_max_attempts smallint
 ) RETURNS TABLE (
     decision text,
     run_id bigint,
@@ -97,6 +98,7 @@ DECLARE
     line record;
     given record;
     spacing float8;
+    declared record;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         PERFORM pg_advisory_xact_lock(
@@ -117,6 +119,13 @@ BEGIN
             RETURN;
         END IF;
     END IF;
+
+    -- What the trigger leaves open (p_lane, p_max_attempts NULL: an async trigger's)
+    -- the task's declared settings fill (tidegate.tasks; tasks_pkey, one probe), as for a
+    -- run enqueued by name; a task no worker declared gets the defaults.
+    SELECT t.lane, t.max_attempts, t.priority INTO declared FROM tasks t WHERE t.name = p_task;
+    p_lane := coalesce(p_lane, declared.lane, 'default');
+    p_max_attempts := coalesce(p_max_attempts, declared.max_attempts, p_default_max_attempts);
 
     SELECT * INTO proj FROM projects WHERE id = p_project;
     ingest_burst := proj.ingest_burst;
@@ -266,9 +275,10 @@ BEGIN
     END IF;
     -- The sender's trace context, where it sent one (W3C Trace Context headers, kept
     -- with the request): the run's execution span links to it (tidegate.tracing).
-    INSERT INTO runs (project, lane, key, task, args, max_attempts, vtime, trace_context)
-    VALUES (p_project, p_lane, p_key, p_task, p_args, p_max_attempts,
-            next_vtime(p_lane, p_key),
+    INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
+                      trace_context)
+    VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
+            p_max_attempts, next_vtime(p_lane, p_key),
             CASE WHEN p_headers ? 'traceparent' THEN jsonb_strip_nulls(jsonb_build_object(
                 'traceparent', p_headers->'traceparent', 'tracestate', p_headers->'tracestate'
             )) END)
