@@ -28,7 +28,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from tests.conftest import FAST, running_worker, spawn_worker, stop_worker, wait_until
 from tests.http_fixtures import ApiServer, create_project, create_trigger, free_port
 from tests.test_admission import most_at_once
-from tidegate import NewRun, Settings, Tidegate
+from tidegate import ConfigError, NewRun, Settings, Tidegate
 from tidegate.schedules import create_schedule
 
 POOL_SIZE = 5
@@ -37,15 +37,12 @@ PGBOUNCER = shutil.which("pgbouncer") or (
     "/usr/sbin/pgbouncer" if os.access("/usr/sbin/pgbouncer", os.X_OK) else None
 )
 
-pytestmark = pytest.mark.skipif(
-    PGBOUNCER is None, reason="no pgbouncer binary (apt-get install -y pgbouncer)"
-)
-
 
 @pytest.fixture(scope="module")
 def pgbouncer(database_url: str) -> Iterator[str]:
     """Start PgBouncer in transaction mode in front of the tests' server; its URL."""
-    assert PGBOUNCER is not None
+    if PGBOUNCER is None:
+        pytest.skip("no pgbouncer binary (apt-get install -y pgbouncer)")
     server = conninfo_to_dict(database_url)
     # Its own folder under /tmp, open to all: run as root, PgBouncer refuses to start
     # unless told to become another user (nobody), who must reach its files.
@@ -225,3 +222,22 @@ async def test_a_schedule_ticks_through_pgbouncer(app: Tidegate, sql: psycopg.Co
         "SELECT scheduled_at, count(*) FROM runs WHERE task = 'record' GROUP BY 1"
     ).fetchall()
     assert all(n == 1 for _, n in ticks)
+
+
+def test_a_pooler_needs_a_url_of_postgresql_itself_for_listen() -> None:
+    url = "postgresql://tidegate@pgbouncer:6432/app"
+    with pytest.raises(ConfigError, match="needs listen_database_url"):
+        Settings(database_url=url, database_pooler="pgbouncer")
+    with pytest.raises(ConfigError, match="database_pooler must be one of"):
+        Settings(database_url=url, listen_database_url=url, database_pooler="pgpool")
+    with pytest.raises(ConfigError, match="need a database_url"):
+        Settings(listen_database_url=url)
+    direct = "postgresql://tidegate@db:5432/app"
+    settings = Settings.from_env(
+        {
+            "TIDEGATE_DATABASE_URL": url,
+            "TIDEGATE_LISTEN_DATABASE_URL": direct,
+            "TIDEGATE_DATABASE_POOLER": "pgbouncer",
+        }
+    )
+    assert (settings.listen_database_url, settings.database_pooler) == (direct, "pgbouncer")
