@@ -157,7 +157,7 @@ def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callabl
 @_option(
     "--listen-database-url",
     help="PostgreSQL itself, for LISTEN (one connection per process) and the other few "
-    "sessions, where --database-url leads to a pooler.  [default: --database-url]",
+    "sessions, where --database-url leads to a pooler. Unset: --database-url.",
 )
 @_option(
     "--database-pooler",
