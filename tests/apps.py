@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from tidegate import Cancel, Retry, Tidegate, current_run
 
@@ -34,7 +35,11 @@ def register(app: Tidegate) -> None:
 
     def connection() -> psycopg.Connection:
         if getattr(local, "conn", None) is None:
-            conninfo = os.environ.get("TESTS_EXECUTIONS_URL") or app.database.conninfo()
+            conninfo = os.environ.get("TESTS_EXECUTIONS_URL") or make_conninfo(
+                # PostgreSQL itself, named apart from tidegate's own connections.
+                app.database.listen_conninfo(),
+                application_name="tidegate-tests",
+            )
             local.conn = psycopg.connect(conninfo, autocommit=True)
         conn: psycopg.Connection = local.conn
         return conn

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.http_fixtures import ADMIN, ApiServer, wait_for_workers
+from tests.http_fixtures import ADMIN, ApiServer, database_env, wait_for_workers
 from tidegate import Settings, Tidegate
 from tidegate.worker.link import RemoteLink
 from tidegate.worker.runtime import Worker
@@ -126,18 +126,17 @@ def spawn_worker(
 ) -> subprocess.Popen[bytes]:
     """Start ``tidegate worker`` on the test app in a separate process; with ``remote``, a
     remote one (``--server-url``), given no database to reach."""
-    env = {
-        **os.environ,
-        "TIDEGATE_DATABASE_URL": settings.database_url or "",
-        "TIDEGATE_SCHEMA": settings.schema,
-        "PYTHONPATH": str(ROOT),
-    }
-    if remote is not None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if remote is None:
+        env.update(database_env(settings))
+    else:
         # The worker has none; only the tests' handlers do, to write ``executions``.
         executions = make_conninfo(
-            env.pop("TIDEGATE_DATABASE_URL"), options=f"-c search_path={settings.schema}"
+            settings.listen_database_url or settings.database_url or "",
+            options=f"-c search_path={settings.schema}",
         )
         env.update(
+            TIDEGATE_SCHEMA=settings.schema,
             TIDEGATE_SERVER_URL=remote.url,
             TIDEGATE_WORKER_TOKEN=remote.token,
             TESTS_EXECUTIONS_URL=executions,
@@ -282,7 +281,8 @@ def start_worker_process(settings: Settings) -> Iterator[Callable[..., subproces
         process = spawn_worker(settings, workloops, *extra, remote=remote)
         processes.append(process)
         assert settings.database_url
-        wait_for_workers(settings.database_url, settings.schema, before + 1)
+        url = settings.listen_database_url or settings.database_url
+        wait_for_workers(url, settings.schema, before + 1)
         return process
 
     yield start

@@ -250,6 +250,7 @@ OPERATION_IDS = {
     "GET /metrics": "getMetrics",
     "GET /healthz": "getHealth",
     "GET /readyz": "getReadiness",
+    "GET /readyz/workers": "getWorkersHealth",
 }
 """Every route's operation id: what a generated client names its methods. Changing one
 breaks every client generated before: this list makes that a decision, not an accident."""

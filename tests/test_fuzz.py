@@ -45,7 +45,7 @@ FUZZ = settings(
 def server(
     start_api: Callable[..., ApiServer], start_worker_process: Callable[..., Any]
 ) -> ApiServer:
-    """An API server, and a worker: with none, /readyz answers 503 by design."""
+    """An API server, and a worker: with none, sync webhooks answer 503 by design."""
     started = start_api()
     start_worker_process("manual>*:2")
     return started

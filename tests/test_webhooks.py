@@ -704,22 +704,37 @@ async def test_runs_api_shows_retries_and_cancels_runs_per_project(
 # -- the database goes away -----------------------------------------------------------
 
 
-async def test_readyz_says_ready_only_while_a_worker_is_alive(
-    client: httpx.AsyncClient, start_worker_process: Callable[..., Any]
+async def test_readyz_stays_ready_without_workers_and_the_workers_health_says_so(
+    client: httpx.AsyncClient, sql: psycopg.Connection, start_worker_process: Callable[..., Any]
 ) -> None:
-    refused = assert_problem(await client.get("/readyz"), 503)
-    assert refused["detail"] == "no live worker" and refused["workers"] == 0
-    worker = start_worker_process("manual>*:1")
+    """An API process that can accept is ready, whatever the workers do: with none alive,
+    async webhooks get 202 and are kept, sync ones the API's own 503 + Retry-After; the
+    workers' health answers 503 until one beats, and again once it is gone."""
     ready = await client.get("/readyz")
     assert ready.status_code == 200, ready.text
-    assert ready.json()["workers"] == 1
+    assert ready.json()["status"] == "ready"
+    await create_project(client, "acme")
+    orders = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+    quote = await create_trigger(client, "acme", "quote", mode="sync", task="echo")
+    assert (await client.post(orders["url"], json={"n": 1})).status_code == 202
+    refused = await client.post(quote["url"], json={"q": 1})
+    assert assert_problem(refused, 503) and int(refused.headers["retry-after"]) >= 1
+    assert counts(sql) == (1, 1)  # the async one, kept until a worker comes
+    unhealthy = assert_problem(await client.get("/readyz/workers"), 503)
+    assert unhealthy["detail"] == "no live worker"
+    assert (unhealthy["workers"], unhealthy["slots"], unhealthy["busy"]) == (0, 0, 0)
+
+    worker = start_worker_process("manual>*:3")
+    healthy = await client.get("/readyz/workers")
+    assert healthy.status_code == 200, healthy.text
+    assert (healthy.json()["workers"], healthy.json()["slots"]) == (1, 3)
     worker.kill()  # gone without a word: it stops beating
     worker.wait(10)
     deadline = time.monotonic() + 10
-    while (await client.get("/readyz")).status_code == 200:
-        assert time.monotonic() < deadline, "still ready 10 s after the only worker died"
+    while (await client.get("/readyz/workers")).status_code == 200:
+        assert time.monotonic() < deadline, "a worker still live 10 s after the only one died"
         await asyncio.sleep(0.2)
-    assert assert_problem(await client.get("/readyz"), 503)["detail"] == "no live worker"
+    assert (await client.get("/readyz")).status_code == 200
 
 
 async def test_unreachable_database_gets_503_then_recovers_by_itself(
@@ -762,8 +777,9 @@ async def test_unreachable_database_gets_503_then_recovers_by_itself(
                 assert_problem(response, 503)  # never a 500 on the way back
                 assert time.monotonic() - back < 3, "still 503 three seconds after recovery"
                 await asyncio.sleep(0.1)
-            # The database and schema are right again; no worker was ever started.
-            assert assert_problem(await client.get("/readyz"), 503)["detail"] == "no live worker"
+            # The database and schema are right again: ready, though no worker was ever
+            # started (that is /readyz/workers' answer).
+            assert (await client.get("/readyz")).status_code == 200
         server.stop()
         with psycopg.connect(database.url, options=f"-c search_path={settings.schema}") as conn:
             assert counts(conn) == (2, 2)

@@ -48,6 +48,7 @@ from tidegate.limits import (
 from tidegate.logs import configure as configure_logging
 from tidegate.runs import Run, RunState, retry_runs
 from tidegate.settings import (
+    DATABASE_POOLERS,
     DEFAULT_DATA_DIR,
     ENV_PREFIX,
     LOG_FORMATS,
@@ -154,6 +155,16 @@ def _bounded_options(bounds: dict[str, Bound], helps: dict[str, str]) -> Callabl
     "server (PGHOST, PGHOSTADDR, PGPORT, PGDATABASE, PGSERVICE; with PGUSER, PGPASSWORD "
     "and the rest); without any, tidegate runs an embedded server.",
 )
+@_option(
+    "--listen-database-url",
+    help="PostgreSQL itself, for LISTEN (one connection per process) and the other few "
+    "sessions, where --database-url leads to a pooler. Unset: --database-url.",
+)
+@_option(
+    "--database-pooler",
+    type=click.Choice(DATABASE_POOLERS),
+    help="pgbouncer: --database-url leads to a pooler in transaction mode.",
+)
 @_option("--require-database-url", type=bool, help="Without a URL, fail: no embedded server.")
 @_option("--schema", help="Schema holding tidegate's tables.")
 @_option(
@@ -176,6 +187,8 @@ def main(
     ctx: click.Context,
     /,
     database_url: str | None,
+    listen_database_url: str | None,
+    database_pooler: str,
     require_database_url: bool,
     schema: str,
     data_dir: Path | None,
@@ -187,6 +200,8 @@ def main(
     ctx.obj = {
         "options": {
             "database_url": database_url,
+            "listen_database_url": listen_database_url,
+            "database_pooler": database_pooler,
             "require_database_url": require_database_url,
             "schema": schema,
             "data_dir": data_dir,

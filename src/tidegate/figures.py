@@ -12,6 +12,7 @@ costs, how exact it is).
 
 - ``read_figures``: everything one scrape of ``/metrics`` reads (api/metrics.py writes
   it out in Prometheus' format).
+- ``read_live_workers``: the workers' health (``GET /readyz/workers``).
 - ``read_lanes``, ``read_keys``, ``fast_lane_projects``, ``waiting_lines``,
   ``list_workers``: the parts the dashboard's pages read too (ui/pages.py), with the
   same bounds.
@@ -209,10 +210,32 @@ def list_workers(limit: int) -> Steps[list[dict[str, Any]]]:
     return (yield Statement("list_workers", {"limit": limit}, dict_row))
 
 
+@dataclass(frozen=True)
+class LiveWorkers:
+    """The workers whose last heartbeat is within three intervals, and their slots: what
+    ``/readyz/workers`` answers and ``/metrics`` reports."""
+
+    workers: int
+    heartbeat_age_seconds: float
+    """Seconds since the least recent heartbeat of a live worker (0: none is live)."""
+    workloops: list[Workloop]
+
+
+def read_live_workers(settings: Settings) -> Steps[LiveWorkers]:
+    """The live workers and their workloops' slots by chain (read_workers.sql: a scan of
+    the few worker rows)."""
+    rows = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
+    return LiveWorkers(
+        workers=rows[0][0],
+        heartbeat_age_seconds=rows[0][1],
+        workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in rows if chain],
+    )
+
+
 def read_figures(settings: Settings) -> Steps[Figures]:
     """Read every figure of a scrape: eight statements, each bounded (see module doc)."""
     lanes = yield from read_lanes(settings)
-    workers = yield Statement("read_workers", {"live_seconds": 3 * settings.heartbeat_seconds})
+    workers = yield from read_live_workers(settings)
     projects = yield from fast_lane_projects(settings.metrics_max_projects, settings.fast_lane_cap)
     waiting = yield from waiting_lines(None, settings.metrics_max_projects)
     attempts = yield Statement("read_counters", {"max_series": MAX_ATTEMPT_SERIES})
@@ -225,9 +248,9 @@ def read_figures(settings: Settings) -> Steps[Figures]:
     (*schedules, schedule_lag), *_ = yield Statement("read_schedules", {"count_cap": COUNT_CAP})
     return Figures(
         lanes=lanes,
-        workers_live=workers[0][0],
-        heartbeat_age_seconds=workers[0][1],
-        workloops=[Workloop(chain, slots, busy) for *_, chain, slots, busy in workers if chain],
+        workers_live=workers.workers,
+        heartbeat_age_seconds=workers.heartbeat_age_seconds,
+        workloops=workers.workloops,
         projects=projects,
         waiting=waiting,
         attempts=[Attempts(*row) for row in attempts],

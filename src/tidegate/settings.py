@@ -64,6 +64,11 @@ DEFAULT_MAX_CLAIMS_PER_TOKEN = 1000
 DEFAULT_MAX_STREAMS = 500
 DEFAULT_MAX_STREAMS_PER_CALLER = 100
 LOG_FORMATS = ("text", "json")
+DEFAULT_DATABASE_POOLER = "none"
+DATABASE_POOLERS = ("none", "pgbouncer")
+"""What ``database_url`` leads to: PostgreSQL itself (``none``), or a pooler in
+transaction mode (``pgbouncer``: PgBouncer, or another that keeps no session between
+transactions), for which tidegate keeps no state in a session (docs/deployment.md)."""
 
 ENV_PREFIX = "TIDEGATE_"
 LIBPQ_SERVER_VARIABLES = ("PGHOST", "PGHOSTADDR", "PGPORT", "PGDATABASE", "PGSERVICE")
@@ -80,6 +85,16 @@ class Settings:
     database_url: str | None = None
     """PostgreSQL URL (or conninfo string; ``""``: libpq's defaults, from the ``PG*``
     variables); ``None`` starts the embedded server under ``data_dir``."""
+    listen_database_url: str | None = None
+    """The URL of the one connection per process that LISTENs (wake-ups, completions),
+    and of the few other sessions (``migrate``, the CLI, a result's waiter): PostgreSQL
+    itself, where ``database_url`` leads to a pooler in transaction mode, which keeps no
+    session; ``None``: ``database_url``."""
+    database_pooler: str = DEFAULT_DATABASE_POOLER
+    """``pgbouncer`` when ``database_url`` leads to a pooler in transaction mode: every
+    statement then names tidegate's schema in its own transaction, and none is prepared
+    on the server (PgBouncer before 1.21 cannot carry them). Needs
+    ``listen_database_url``."""
     require_database_url: bool = False
     """Make a missing ``database_url`` an error (``ConfigError``, at construction) rather
     than the embedded server: for deployments, where a forgotten variable must not
@@ -165,13 +180,32 @@ class Settings:
                 "no database URL: set TIDEGATE_DATABASE_URL (require_database_url is on, "
                 "so the embedded PostgreSQL is not started)"
             )
-        if self.database_url is not None:
+        for name in ("database_url", "listen_database_url"):
+            url = getattr(self, name)
             try:
-                conninfo_to_dict(self.database_url)
+                if url is not None:
+                    conninfo_to_dict(url)
             except ProgrammingError as error:
                 raise ConfigError(
-                    f"database_url is neither a postgresql:// URL nor a conninfo string: {error}"
+                    f"{name} is neither a postgresql:// URL nor a conninfo string: {error}"
                 ) from None
+        if self.database_pooler not in DATABASE_POOLERS:
+            raise ConfigError(
+                f"database_pooler must be one of {DATABASE_POOLERS}, got {self.database_pooler!r}"
+            )
+        if self.database_url is None and (
+            self.listen_database_url is not None or self.database_pooler != "none"
+        ):
+            raise ConfigError(
+                "listen_database_url and database_pooler need a database_url: the embedded "
+                "PostgreSQL has neither a pooler nor another address"
+            )
+        if self.database_pooler != "none" and self.listen_database_url is None:
+            raise ConfigError(
+                f"database_pooler={self.database_pooler} needs listen_database_url, a URL of "
+                "PostgreSQL itself: LISTEN needs a session, which a pooler in transaction "
+                "mode does not keep"
+            )
         for name, bound in SETTING_BOUNDS.items():
             try:
                 object.__setattr__(self, name, bound.check(getattr(self, name), name))

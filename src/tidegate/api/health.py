@@ -1,6 +1,13 @@
-"""``GET /healthz`` and ``GET /readyz``: whether this API process is up, and ready.
+"""``GET /healthz``, ``GET /readyz`` and ``GET /readyz/workers``: whether this API
+process is up, whether it can accept requests, and whether the fleet's workers are alive.
 
-Neither needs a token: a load balancer or an orchestrator asks them.
+None needs a token: a load balancer, an orchestrator or a monitor asks them. Readiness is
+the API process's own: it accepts webhooks while its database answers with the schema
+this code needs, whatever the workers do. With every worker gone, async webhooks are
+still accepted and kept until workers return (the ack-fast promise), and sync ones get
+503 with ``Retry-After`` from the API itself: taking every API process out of a load
+balancer's rotation would turn both into connection errors. The workers' health is a
+question of its own (``/readyz/workers``, and ``tidegate_workers_live`` in ``/metrics``).
 """
 
 from __future__ import annotations
@@ -9,6 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from tidegate.api.kernel import DATABASE_RETRY_AFTER_SECONDS, Api, problem
+from tidegate.figures import read_live_workers
 from tidegate.storage.migrate import latest_version
 from tidegate.storage.sql import Statement, Steps
 
@@ -23,24 +31,36 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", operation_id="getReadiness")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready to serve webhooks: the database answers, its schema is the one this code
-    needs, and at least one worker is alive (it heartbeated within three intervals).
-
-    With no live worker, async webhooks would still be accepted, but nothing would
-    run them and every sync webhook would be refused: that is not ready.
-    """
+    """Ready to accept requests: the database answers, and its schema is the one this
+    code needs. Live workers are not asked for (``/readyz/workers`` is)."""
     api: Api = request.app.state.api
-    version, workers = await api.run(_readiness(3 * api.settings.heartbeat_seconds))
+    version = await api.run(_schema_version())
     wanted = latest_version()
-    retry = {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
     if version != wanted:
+        retry = {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
         return problem(503, f"schema is at version {version}, this server needs {wanted}", retry)
-    if not workers:
-        return problem(503, "no live worker", retry, schema_version=version, workers=0)
-    return JSONResponse({"status": "ready", "schema_version": version, "workers": workers})
+    return JSONResponse({"status": "ready", "schema_version": version})
 
 
-def _readiness(live_seconds: float) -> Steps[tuple[int, int]]:
-    """The schema's version, and how many workers heartbeated within ``live_seconds``."""
-    rows = yield Statement("check_ready", {"live_seconds": live_seconds})
-    return (rows[0][0], rows[0][1]) if rows else (0, 0)
+@router.get("/readyz/workers", operation_id="getWorkersHealth")
+async def workers_health(request: Request) -> JSONResponse:
+    """At least one worker is live (it heartbeated within three intervals): 200, else
+    503. Either way the answer counts the live workers and their slots, busy and in all,
+    at their last heartbeats."""
+    api: Api = request.app.state.api
+    live = await api.run(read_live_workers(api.settings))
+    counts = {
+        "workers": live.workers,
+        "slots": sum(loop.slots for loop in live.workloops),
+        "busy": sum(loop.busy for loop in live.workloops),
+        "heartbeat_age_seconds": live.heartbeat_age_seconds,
+    }
+    if not live.workers:
+        return problem(503, "no live worker", None, **counts)
+    return JSONResponse({"status": "ok", **counts})
+
+
+def _schema_version() -> Steps[int]:
+    """The schema's applied version."""
+    rows = yield Statement("check_ready", {})
+    return int(rows[0][0]) if rows else 0

@@ -48,7 +48,7 @@ from tidegate.app import Tidegate
 from tidegate.errors import InputError
 from tidegate.limits import check_text
 from tidegate.settings import Settings
-from tidegate.storage.database import CONNECTION, RECONNECT_SECONDS, transient
+from tidegate.storage.database import RECONNECT_SECONDS, transient
 from tidegate.storage.sql import Steps, T, adrive
 from tidegate.webhooks import Trigger
 from tidegate.worker.maintenance import rescue
@@ -331,7 +331,7 @@ class Api:
             self.app.database.conninfo(),
             min_size=2,
             max_size=settings.pool_size,
-            kwargs=CONNECTION,
+            kwargs=self.app.database.connection_kwargs(asynchronous=True),
             timeout=POOL_WAIT_SECONDS,
             reconnect_timeout=RECONNECT_SECONDS,
             open=False,

@@ -9,8 +9,8 @@ loops AS (
     SELECT (SELECT string_agg(link, '>' ORDER BY position)
             FROM jsonb_array_elements_text(loop -> 'chain') WITH ORDINALITY AS c(link, position)
            ) AS chain,
-           sum((loop ->> 'slots')::bigint) AS slots,
-           sum((loop ->> 'busy')::bigint) AS busy
+           sum((loop ->> 'slots')::bigint)::bigint AS slots,
+           sum((loop ->> 'busy')::bigint)::bigint AS busy
     FROM live CROSS JOIN LATERAL jsonb_array_elements(live.workloops) AS l(loop)
     GROUP BY 1
 )
