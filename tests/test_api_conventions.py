@@ -212,6 +212,7 @@ async def test_a_cursor_the_api_did_not_give_gets_400_and_a_page_size_out_of_ran
 OPERATION_IDS = {
     "POST /hooks/{token}": "receiveWebhook",
     "GET /runs": "listRuns",
+    "POST /runs": "enqueueRun",
     "GET /runs/{run_id}": "getRun",
     "GET /runs/{run_id}/events": "streamRunEvents",
     "POST /runs/{run_id}/retry": "retryRun",
@@ -232,6 +233,7 @@ OPERATION_IDS = {
     "GET /admin/breakers": "listBreakers",
     "PUT /admin/lanes/{lane}/breakers/{key}": "setBreaker",
     "GET /admin/schedules": "listSchedules",
+    "GET /admin/tasks": "listTasks",
     "POST /admin/projects/{project_id}/schedules": "createSchedule",
     "GET /admin/projects/{project_id}/schedules/{name}": "getSchedule",
     "PATCH /admin/projects/{project_id}/schedules/{name}": "updateSchedule",
@@ -280,7 +282,7 @@ def test_every_route_has_a_named_operation_id(document: dict[str, Any]) -> None:
     }
     assert named == OPERATION_IDS
     verbs = "get|list|create|update|delete|set|rotate|retry|cancel|stream|receive|register"
-    verbs += "|claim|send|report|complete|stop"
+    verbs += "|claim|send|report|complete|stop|enqueue"
     for operation_id in named.values():
         assert re.fullmatch(rf"({verbs})([A-Z][a-z]+)+", operation_id), operation_id
 
