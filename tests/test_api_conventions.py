@@ -231,6 +231,9 @@ OPERATION_IDS = {
     "PUT /admin/lanes/{lane}/keys/{key}": "setKeyPolicy",
     "DELETE /admin/lanes/{lane}/keys/{key}": "deleteKeyPolicy",
     "GET /admin/breakers": "listBreakers",
+    "GET /admin/lanes": "listLanes",
+    "POST /admin/lanes/{lane}/pause": "pauseLane",
+    "POST /admin/lanes/{lane}/resume": "resumeLane",
     "PUT /admin/lanes/{lane}/breakers/{key}": "setBreaker",
     "GET /admin/schedules": "listSchedules",
     "GET /admin/tasks": "listTasks",
@@ -282,7 +285,7 @@ def test_every_route_has_a_named_operation_id(document: dict[str, Any]) -> None:
     }
     assert named == OPERATION_IDS
     verbs = "get|list|create|update|delete|set|rotate|retry|cancel|stream|receive|register"
-    verbs += "|claim|send|report|complete|stop|enqueue"
+    verbs += "|claim|send|report|complete|stop|enqueue|pause|resume"
     for operation_id in named.values():
         assert re.fullmatch(rf"({verbs})([A-Z][a-z]+)+", operation_id), operation_id
 

@@ -149,3 +149,9 @@ def test_the_testing_example_passes_on_the_quick_starts_app(
 def test_the_unique_runs_example_runs_as_written(app: Tidegate, sql: psycopg.Connection) -> None:
     exec(python_block("Unique runs"), {"app": app, "sync_account": "echo"})
     assert count(sql) == 1
+
+
+def test_the_pause_example_runs_as_written(app: Tidegate, sql: psycopg.Connection) -> None:
+    exec(python_block("Pause a lane"), {"app": app, "send_email": "echo"})
+    assert sql.execute("SELECT lane, state::text FROM runs").fetchall() == [("emails", "available")]
+    assert sql.execute("SELECT count(*) FROM paused_lanes").fetchone() == (0,)

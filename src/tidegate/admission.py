@@ -41,6 +41,8 @@ MAX_PLACES = 10_000
 """Live places a line holds at most; a caller refused past them gets no place."""
 FORCED_OPEN_RETRY_SECONDS = 60
 """Retry-After while a key's breaker is forced open: no cooldown says when it ends."""
+PAUSED_RETRY_SECONDS = 30
+"""Retry-After while the fast lane is paused: no time is set for its resumption."""
 
 
 def estimated(seconds: float | None) -> int:
@@ -62,6 +64,11 @@ def cooldown(seconds: float | None) -> int:
 def worker_start(_: float | None) -> int:
     """``NO_WORKER_RETRY_SECONDS``, whatever the admission said."""
     return NO_WORKER_RETRY_SECONDS
+
+
+def paused(_: float | None) -> int:
+    """``PAUSED_RETRY_SECONDS``, whatever the admission said."""
+    return PAUSED_RETRY_SECONDS
 
 
 def placed(seconds: float | None) -> int:
@@ -97,7 +104,8 @@ class Refusal:
     admitted as it is).
 
     ``detail`` is a ``str.format`` template: ``{key}`` is the run's key, ``{task}`` the
-    trigger's task, ``{idempotency_key}`` the request's idempotency key. ``limits`` names
+    trigger's task, ``{lane}`` the run's lane, ``{idempotency_key}`` the request's
+    idempotency key. ``limits`` names
     the rate-limit fields that go with it (the IETF
     draft's ``RateLimit-Policy`` and ``RateLimit``, and the older ``RateLimit-*``): the
     project's ingest rate, or its fast-lane cap, which the problem's body also states
@@ -131,6 +139,10 @@ class Verdict(StrEnum):
         "rate_limited",
         Refusal(429, "the project's ingest rate is exceeded", placed, "ingest"),
     )
+    LANE_PAUSED = (
+        "lane_paused",
+        Refusal(503, "lane {lane!r} is paused: its runs wait until it is resumed", paused),
+    )
     BREAKER_OPEN = (
         "breaker_open",
         Refusal(
@@ -156,7 +168,8 @@ class Verdict(StrEnum):
 
 REFUSALS = frozenset(verdict for verdict in Verdict if verdict.refusal is not None)
 """The verdicts that make no run. Each came after the request passed every check of its
-own: for a reason of the moment (a limit, the workers' capacity, a breaker), or for an
+own: for a reason of the moment (a limit, the workers' capacity, a breaker, a paused
+lane), or for an
 idempotency key used before with another body."""
 
 

@@ -56,7 +56,7 @@ from tidegate.errors import (
     UnknownRunError,
 )
 from tidegate.lanes import DEFAULT_LANE as DEFAULT_LANE  # re-exported: api/, ui/ import it
-from tidegate.lanes import FAST_LANE
+from tidegate.lanes import FAST_LANE, PausedLane, pause_lane, resume_lane
 from tidegate.limits import (
     ATTEMPTS,
     PRIORITY,
@@ -94,6 +94,8 @@ function, invalid schema name."""
 RESULT_POLL_SECONDS = 5.0
 """How long ``result`` waits for its run's notification before it reads the run again
 anyway: a safety net only, since the run's end NOTIFYs the completion channel."""
+LIBRARY_PAUSE = "library"
+"""Where a pause made with ``Tidegate.pause_lane`` says it came from."""
 
 log = logging.getLogger("tidegate")
 
@@ -618,6 +620,17 @@ class Tidegate:
     def cancel(self, run_id: int) -> Run | None:
         """Cancel a run that has not finished; return it, or ``None`` if it had."""
         return self.execute(cancel_run(run_id, completed_channel=self.completed_channel))
+
+    def pause_lane(self, lane: str, *, reason: str | None = None) -> PausedLane:
+        """Pause ``lane`` for every worker, and return the pause: once this returns, no
+        claim that starts takes its runs; running runs go on to their end, new runs wait,
+        its sync webhooks get 503 (``tidegate.lanes``). ``reason``: up to 255 characters,
+        shown wherever the pause is listed."""
+        return self.execute(pause_lane(lane, by=LIBRARY_PAUSE, reason=reason))
+
+    def resume_lane(self, lane: str) -> bool:
+        """Resume ``lane`` and wake its workers; return whether it was paused."""
+        return self.execute(resume_lane(lane, channel=self.available_channel))
 
     def result(self, run_id: int, timeout: float | None = None) -> Any:
         """Wait until run ``run_id`` has finished, and return its result if it succeeded.

@@ -17,10 +17,12 @@ database found, a port in use) print one line, ``tidegate: <what, where, why>``,
 
 from __future__ import annotations
 
+import getpass
 import importlib
 import json
 import logging
 import os
+import socket
 import sys
 import traceback
 from collections.abc import Callable
@@ -34,9 +36,11 @@ import psycopg
 from tidegate import __version__
 from tidegate.app import NewRun, Tidegate
 from tidegate.errors import TidegateError
+from tidegate.figures import ACTIVE_STATES, LaneFigures
 from tidegate.limits import (
     ATTEMPTS,
     MAX_ID,
+    MAX_TEXT_CHARS,
     POLICY_BOUNDS,
     PRIORITY,
     PROJECT_BOUNDS,
@@ -900,6 +904,74 @@ def keys_force(ctx: click.Context, /, lane: str, key: str, force: str) -> None:
 
     shown = _admin(ctx, force_breaker(lane, key, None if force == "auto" else force))
     _echo(shown or {"lane": lane, "key": key, "state": "closed"})
+
+
+LANE_COLUMNS = ("LANE", *(state.upper() for state in ACTIVE_STATES), "LAG", "PAUSED")
+"""The lanes table; PAUSED, last: since when, from where and why, or nothing."""
+
+
+@main.group(invoke_without_command=True)
+@_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def lanes(ctx: click.Context, /, json: bool) -> None:
+    """List the lanes (runs by state, lag, pause); pause or resume one."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from tidegate.figures import read_lanes
+
+    with _open(ctx) as app:
+        found = app.execute(read_lanes(app.settings))
+    if json:
+        _echo([lane.to_json() for lane in found])
+    else:
+        click.echo(_table(LANE_COLUMNS, [_lane_row(lane) for lane in found], "lanes"))
+
+
+def _lane_row(lane: LaneFigures) -> tuple[str, ...]:
+    paused = lane.paused
+    why = ""
+    if paused is not None:
+        why = f"since {paused.paused_at:%Y-%m-%d %H:%M:%S}, by {paused.paused_by}"
+        why += f": {paused.reason}" if paused.reason else ""
+    depths = tuple(str(lane.depth[state]) for state in ACTIVE_STATES)
+    return (lane.lane, *depths, f"{lane.lag_seconds:.1f}", why)
+
+
+@lanes.command("pause")
+@click.argument("lane")
+@_command_option("--reason", help="Why, shown wherever the pause is listed (255 characters).")
+@click.pass_context
+def lanes_pause(ctx: click.Context, /, lane: str, reason: str | None) -> None:
+    """Pause LANE: once this returns, no claim that starts takes its runs, on any worker;
+    running runs go on to their end, new runs wait, its sync webhooks get 503."""
+    from tidegate.lanes import pause_lane
+
+    _echo(_admin(ctx, pause_lane(lane, by=_operator(), reason=reason)).to_json())
+
+
+def _operator() -> str:
+    """Who pauses from the command line: the CLI, its user and host."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name in the environment, nor in passwd
+        user = "?"
+    return f"cli ({user}@{socket.gethostname()})"[:MAX_TEXT_CHARS]
+
+
+@lanes.command("resume")
+@click.argument("lane")
+@click.pass_context
+def lanes_resume(ctx: click.Context, /, lane: str) -> None:
+    """Resume LANE and wake its workers."""
+    from tidegate.errors import InputError
+    from tidegate.lanes import resume_lane
+
+    with _open(ctx) as app:
+        try:
+            was_paused = app.execute(resume_lane(lane, channel=app.available_channel))
+        except InputError as error:
+            raise Failure(str(error)) from None
+    click.echo(f"tidegate: lane {lane!r} " + ("resumed" if was_paused else "was not paused"))
 
 
 @main.group()

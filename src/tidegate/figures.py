@@ -26,6 +26,7 @@ from typing import Any
 
 from psycopg.rows import dict_row
 
+from tidegate.lanes import PausedLane, paused_lanes
 from tidegate.settings import Settings
 from tidegate.storage.sql import Statement, Steps
 from tidegate.worker.counters import Tally
@@ -58,6 +59,13 @@ class LaneFigures:
     """Runs by state: exact below ``COUNT_CAP``, an estimate (at least the cap) above."""
     lag_seconds: float
     """How long the lane's oldest ready run has been due; 0 when none is ready."""
+    paused: PausedLane | None = None
+    """Since when, from where and why the lane is paused; None while it is not."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The lane as the admin API and the CLI list it."""
+        shown = self.paused.to_json() if self.paused else {"lane": self.lane, "paused": False}
+        return {**shown, "depth": self.depth, "lag_seconds": self.lag_seconds}
 
 
 @dataclass(frozen=True)
@@ -158,8 +166,9 @@ class Figures:
 
 
 def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
-    """Each lane's depth by state and its lag (the dashboard's overview reads them too,
-    the super admin's)."""
+    """Each lane's depth by state, its lag, and its pause (the dashboard's overview, the
+    admin API's and the CLI's list of lanes read them too, the super admin's)."""
+    paused = yield from paused_lanes()
     rows = yield Statement(
         "read_lanes",
         {
@@ -169,7 +178,7 @@ def read_lanes(settings: Settings) -> Steps[list[LaneFigures]]:
         },
     )
     return [
-        LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag)
+        LaneFigures(lane, dict(zip(ACTIVE_STATES, depths, strict=True)), lag, paused.get(lane))
         for lane, *depths, lag in rows
     ]
 
@@ -233,7 +242,7 @@ def read_live_workers(settings: Settings) -> Steps[LiveWorkers]:
 
 
 def read_figures(settings: Settings) -> Steps[Figures]:
-    """Read every figure of a scrape: eight statements, each bounded (see module doc)."""
+    """Read every figure of a scrape: nine statements, each bounded (see module doc)."""
     lanes = yield from read_lanes(settings)
     workers = yield from read_live_workers(settings)
     projects = yield from fast_lane_projects(settings.metrics_max_projects, settings.fast_lane_cap)

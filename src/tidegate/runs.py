@@ -92,6 +92,9 @@ class Run:
     """Whether the enqueue that returned this run found it already there (a repeated
     idempotency key, or a unique run's key) and inserted nothing. Not stored: a run read
     from the database is never a duplicate."""
+    lane_paused: bool = field(default=False, compare=False)
+    """Whether its lane is paused (``tidegate.lanes.pause_lane``), as ``get_run`` read it
+    with the run; not stored, and False from any other read."""
 
     @property
     def fields(self) -> dict[str, str | int]:
@@ -111,6 +114,8 @@ class Run:
         """Why the run is not moving, when that is not plain waiting for its turn."""
         if self.state is RunState.PENDING:
             return f"no live worker has task {self.task!r} for lane {self.lane!r}"
+        if self.lane_paused and self.state is RunState.AVAILABLE:
+            return f"lane {self.lane!r} is paused"
         return None
 
     def progress(self, data: Any) -> None:
@@ -169,7 +174,8 @@ class Run:
         return data
 
 
-_RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name != "duplicate")
+_NOT_STORED = ("duplicate", "lane_paused")
+_RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name not in _NOT_STORED)
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
 
 
@@ -209,7 +215,7 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
 
         return make
     names = [column.name for column in cursor.description or ()]
-    wanted = [(i, name) for i, name in enumerate(names) if name in _RUN_FIELDS]
+    wanted = [(i, name) for i, name in enumerate(names) if name in _RUN_FIELDS + _NOT_STORED]
 
     def make_by_name(values: Sequence[Any]) -> Run:
         row = {name: values[i] for i, name in wanted}
@@ -228,7 +234,8 @@ def _states(array: str) -> tuple[RunState, ...]:
 
 
 def get_run(run_id: int) -> Steps[Run | None]:
-    """Read one run; ``None`` when there is none (never made, or pruned)."""
+    """Read one run, and whether its lane is paused (its ``reason``); ``None`` when there
+    is none (never made, or pruned)."""
     rows = yield Statement("get_run", {"id": run_id}, run_row)
     return rows[0] if rows else None
 

@@ -140,8 +140,8 @@ class Harness:
         A worker of this app (``DRAIN_SETTINGS``) claims, executes and completes runs as
         ``tidegate worker`` does, runs its handlers enqueue included, until no run of
         its tasks is ready, pending, running, or scheduled and due, and every outcome
-        is written. A run scheduled for later (a retry's backoff, ``delay=``) is left
-        as it is.
+        is written. A run scheduled for later (a retry's backoff, ``delay=``), or of a
+        paused lane (``Tidegate.pause_lane``), is left as it is.
         """
         worker = Worker(self.app, self.app.settings.replace(**DRAIN_SETTINGS))
         stop = asyncio.Event()

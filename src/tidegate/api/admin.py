@@ -1,4 +1,5 @@
-"""The admin API (super admin only): projects, their limits, triggers and schedules.
+"""The admin API (super admin only): projects, their limits, triggers, schedules, and
+lanes (key policies, breakers, pauses).
 
 A change to a project's limits holds for the next request: admission reads the
 project's row inside every admission transaction, nothing is cached. Every field and
@@ -31,7 +32,8 @@ from tidegate.api.kernel import (
     read_cursor,
 )
 from tidegate.errors import InputError
-from tidegate.lanes import FAST_LANE
+from tidegate.figures import read_lanes
+from tidegate.lanes import FAST_LANE, LaneError, pause_lane, resume_lane
 from tidegate.limits import (
     IDENTIFIER,
     LANE_NAME,
@@ -209,7 +211,7 @@ async def _apply(request: Request, steps: Steps[Any]) -> Any:
         return await ingress.run(steps)
     except psycopg.errors.IntegrityError as error:
         raise _http(domain_error(error)) from None
-    except (AdminError, NotFoundError, PolicyError, ScheduleError) as error:
+    except (AdminError, LaneError, NotFoundError, PolicyError, ScheduleError) as error:
         raise _http(error) from None
 
 
@@ -472,6 +474,55 @@ async def put_breaker(
     """Force a key's circuit breaker open or closed, or hand it back to its policy."""
     shown = await _apply(request, force_breaker(lane, key, body.force))
     return shown or {"lane": lane, "key": key, "state": "closed"}
+
+
+class LanePause(BaseModel):
+    """What a pause may say: why (``tidegate.limits.Text``'s bounds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Text | None = Field(None, description="why: shown wherever the pause is listed")
+
+
+PAUSED_BY = "admin API"
+"""What a pause made through this API says it came from."""
+
+
+@router.get("/lanes", operation_id="listLanes")
+async def get_lanes(request: Request) -> list[dict[str, Any]]:
+    """Every lane (the built-in ones, the paused ones, those with runs; at most
+    ``metrics_max_lanes``): its runs by state, its lag, and whether, since when, from
+    where and why it is paused."""
+    lanes = await _apply(request, read_lanes(request.app.state.api.settings))
+    return [lane.to_json() for lane in lanes]
+
+
+@router.post(
+    "/lanes/{lane}/pause",
+    responses=problem_responses(**{"422": "too many lanes paused"}),
+    operation_id="pauseLane",
+)
+async def post_lane_pause(
+    lane: LanePath, request: Request, body: LanePause | None = None
+) -> dict[str, Any]:
+    """Pause the lane: once this answers, no claim that starts takes its runs (on any
+    worker, local or remote); running runs go on to their end, new runs wait, its sync
+    webhooks get 503. Pausing a paused lane keeps since when and takes the new reason."""
+    reason = body.reason if body else None
+    paused = await _apply(request, pause_lane(lane, by=PAUSED_BY, reason=reason))
+    log.info("lane %s paused by the %s: %s", lane, PAUSED_BY, reason or "no reason given")
+    return paused.to_json()  # type: ignore[no-any-return]
+
+
+@router.post("/lanes/{lane}/resume", operation_id="resumeLane")
+async def post_lane_resume(lane: LanePath, request: Request) -> dict[str, Any]:
+    """Resume the lane and wake its workers; a lane that was not paused is left as it is
+    (``resumed``: whether it was paused)."""
+    channel = request.app.state.api.app.available_channel
+    resumed = await _apply(request, resume_lane(lane, channel=channel))
+    if resumed:
+        log.info("lane %s resumed by the %s", lane, PAUSED_BY)
+    return {"lane": lane, "paused": False, "resumed": resumed}
 
 
 class ScheduleFields(BaseModel):

@@ -6,11 +6,11 @@ again while reading, so a client that lies cannot push more), unsupported conten
 415, JSON that is malformed or that PostgreSQL cannot store (NUL, lone surrogates, NaN,
 nesting past ``max_json_depth``) 400, bad Standard Webhooks signature 401. Then one
 database call admits or rejects (``admit_webhook``): 429 for the project's ingest rate
-or fast-lane cap, 503 when no worker can take a fast-lane run, the run's key has its
-circuit breaker open (sync), or the backlog is full. A refusal by the ingest rate, the
-fast-lane cap or the backlog cap gives the caller a place in the waiting room
-(tidegate.admission): its ticket in ``Tidegate-Place``, which it sends back when it
-comes back at its ``Retry-After``.
+or fast-lane cap, 503 when no worker can take a fast-lane run, the fast lane is paused
+or the run's key has its circuit breaker open (sync), or the backlog is full. A refusal
+by the ingest rate, the fast-lane cap or the backlog cap gives the caller a place in the
+waiting room (tidegate.admission): its ticket in ``Tidegate-Place``, which it sends back
+when it comes back at its ``Retry-After``.
 An admitted async webhook is answered 202 once its request and run are committed; a
 sync one waits for its run. Every admission commits through the WAL flush, a sync one
 too: its run is on disk before a worker can start it, so a database crash cannot undo a
@@ -134,8 +134,9 @@ class BodyTooLarge(Exception):
                 "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit), "
                 "or its event streams at their bound",
                 "502": "sync trigger: the run failed (its id is in the body)",
-                "503": "no worker can take it, its key's circuit breaker is open, backlog "
-                "full, the server's event streams at their bound, or database unavailable",
+                "503": "no worker can take it, its lane is paused (the problem's `lane`), "
+                "its key's circuit breaker is open, backlog full, the server's event "
+                "streams at their bound, or database unavailable",
             }
         ),
     },
@@ -298,7 +299,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         note.outcome = Verdict(decision["decision"])
         note.run_id = decision["run_id"]
         response = await _answer(
-            ingress, trigger, decision, idempotency_key, stream_after, give_back
+            ingress, trigger, lane, decision, idempotency_key, stream_after, give_back
         )
         return response
     finally:
@@ -309,6 +310,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
 async def _answer(
     ingress: Api,
     trigger: Trigger,
+    lane: str,
     decision: dict[str, Any],
     idempotency_key: str | None,
     stream_after: int | None,
@@ -323,14 +325,18 @@ async def _answer(
     refusal = verdict.refusal
     if refusal is not None:
         detail = refusal.detail.format(
-            key=trigger.run_key, task=trigger.task, idempotency_key=idempotency_key
+            key=trigger.run_key, task=trigger.task, lane=lane, idempotency_key=idempotency_key
         )
         kind = VERDICT_TYPES.get(verdict, refusal.status)
         if refusal.wait is None:
             return problem(kind, detail)
         wait = refusal.wait(decision["retry_after"])
         fields = LIMIT_FIELDS[refusal.limits](decision, 0, wait) if refusal.limits else {}
-        extra = {"cap": decision["fast_lane_cap"]} if refusal.limits == "fast_lane" else {}
+        extra: dict[str, Any] = (
+            {"cap": decision["fast_lane_cap"]} if refusal.limits == "fast_lane" else {}
+        )
+        if verdict is Verdict.LANE_PAUSED:
+            extra["lane"] = lane
         if refusal.limits and decision["retry_after"] is not None:
             # What the whole seconds of t and Retry-After round up: the due time, to the
             # millisecond (a parameter the draft's clients ignore).

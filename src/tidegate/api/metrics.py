@@ -62,12 +62,19 @@ class FiguresCollector(Collector):
             "How long the lane's oldest available run has been due (0: none available).",
             labels=["lane"],
         )
+        paused = GaugeMetricFamily(
+            "tidegate_lane_paused",
+            "1 while the lane is paused (its runs are not claimed), else 0.",
+            labels=["lane"],
+        )
         for lane in figures.lanes:
             for state, count in lane.depth.items():
                 runs.add_metric([lane.lane, state], count)
             lag.add_metric([lane.lane], lane.lag_seconds)
+            paused.add_metric([lane.lane], 1 if lane.paused else 0)
         yield runs
         yield lag
+        yield paused
         yield GaugeMetricFamily(
             "tidegate_workers_live",
             "Workers whose last heartbeat is within three heartbeat intervals.",

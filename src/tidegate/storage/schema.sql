@@ -505,6 +505,23 @@ CREATE TABLE lane_clocks (
     frontier float8 NOT NULL
 );
 
+-- The lanes an operator paused (tidegate.lanes.pause_lane): no claim takes a run of a
+-- paused lane, on any worker, local or remote, until it is resumed; its runs wait, and
+-- its sync webhooks are refused (admit_webhook, lane_paused). A row per paused lane, so
+-- a claim pays one probe of this primary key per lane of its chain, never one per run
+-- (claim_runs.sql, claim_runs_keyed). Durable: a pause outlives every process.
+-- paused_by: the surface it came from (the admin API, the dashboard, the CLI and its
+-- user); reason: the operator's words, shown where the pause is listed.
+CREATE TABLE paused_lanes (
+    lane      text        PRIMARY KEY,
+    paused_at timestamptz NOT NULL DEFAULT now(),
+    paused_by text        NOT NULL,
+    reason    text,
+    CONSTRAINT paused_lanes_lane_format CHECK (lane ~ '^[A-Za-z0-9_]{1,64}$'),
+    CONSTRAINT paused_lanes_paused_by_length CHECK (length(paused_by) BETWEEN 1 AND 255),
+    CONSTRAINT paused_lanes_reason_length CHECK (length(reason) BETWEEN 1 AND 255)
+);
+
 -- A circuit breaker's state: one row per key that has failed lately, is open, or is
 -- forced; a healthy key under a failure-count policy writes nothing. Written by the
 -- completion statement (count_breaker_outcomes) and by an admin (forced); the claim only

@@ -1,4 +1,5 @@
-"""The dashboard's cluster pages: sign-in, overview, workers, projects, keys, schedules.
+"""The dashboard's cluster pages: sign-in, overview (with pausing and resuming a lane),
+workers, projects, keys, schedules.
 
 Every statement a page runs is given the session's project (None for the super admin)
 and filters by it; what is the whole cluster's and cannot be split by project (lane
@@ -27,6 +28,7 @@ from tidegate.figures import (
     read_lanes,
     waiting_lines,
 )
+from tidegate.lanes import LaneError, pause_lane, resume_lane
 from tidegate.limits import IDENTIFIER, MAX_NAME_CHARS
 from tidegate.schedules import list_schedules
 from tidegate.ui.session import (
@@ -123,6 +125,38 @@ async def lanes_fragment(request: Request, session: Current) -> HTMLResponse:
     _admin_only(session)
     lanes = await api_of(request).run(read_lanes(api_of(request).settings))
     return render(request, "lanes.html", lanes=lanes, states=ACTIVE_STATES)
+
+
+PAUSED_BY = "dashboard"
+"""What a pause made from the dashboard says it came from."""
+
+
+@router.post("/lanes/pause")
+async def pause(request: Request, session: Current) -> RedirectResponse:
+    """Pause the form's ``lane``, with its ``reason`` if given, as ``POST
+    /admin/lanes/{lane}/pause`` does (the super admin's: lanes are the whole cluster's)."""
+    _admin_only(session)
+    form = await check_csrf(request, session)
+    reason = form.get("reason", "").strip() or None
+    try:
+        await api_of(request).run(pause_lane(form.get("lane", ""), by=PAUSED_BY, reason=reason))
+    except LaneError as error:
+        raise HTTPException(422, str(error)) from None
+    return RedirectResponse("/ui/", status_code=303)
+
+
+@router.post("/lanes/resume")
+async def resume(request: Request, session: Current) -> RedirectResponse:
+    """Resume the form's ``lane`` and wake its workers, as ``POST
+    /admin/lanes/{lane}/resume`` does."""
+    _admin_only(session)
+    form = await check_csrf(request, session)
+    api = api_of(request)
+    try:
+        await api.run(resume_lane(form.get("lane", ""), channel=api.app.available_channel))
+    except LaneError as error:
+        raise HTTPException(422, str(error)) from None
+    return RedirectResponse("/ui/", status_code=303)
 
 
 @router.get("/api/activity")

@@ -12,6 +12,9 @@
 --                 value, so only a repeat of the same length reads the stored body, and
 --                 an admission without a repeat pays nothing.
 --   rate_limited  the project's ingest rate and burst (GCRA on projects.ingest_tat).
+--   lane_paused   fast lane: an operator paused the lane (paused_lanes): a sync caller
+--                 would only wait for a run no worker claims until it is resumed. An
+--                 async webhook of a paused lane is admitted and waits.
 --   breaker_open  fast lane: the run's key has an open breaker (or one forced open).
 --                 A forwarding trigger's runs are keyed by their destination (its
 --                 breaker key), so one dead endpoint's breaker holds back only its own.
@@ -159,6 +162,13 @@ BEGIN
     END IF;
 
     IF p_lane = 'fast_lane' THEN
+        IF EXISTS (SELECT 1 FROM paused_lanes WHERE paused_lanes.lane = p_lane) THEN
+            RETURN QUERY SELECT 'lane_paused', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, ingest_burst, ingest_remaining, NULL::float8, NULL::uuid,
+                NULL::integer;
+            RETURN;
+        END IF;
+
         -- A sync caller would only wait for a run its key's open breaker holds back:
         -- 503 until the cooldown ends (a breaker forced open: for as long as it is).
         SELECT CASE WHEN b.forced = 'open' THEN NULL

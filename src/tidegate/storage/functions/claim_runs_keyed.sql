@@ -4,7 +4,8 @@
 -- then, and takes runs in one set-based statement otherwise).
 --
 -- Sources in chain order: each named lane, then (with `*`) every other lane with a ready
--- run, lowest head first (ready_lanes); each is one ordered scan of runs_claim_lane,
+-- run, lowest head first (ready_lanes), but no paused lane (paused_lanes, read once per
+-- claim as the chain is made); each is one ordered scan of runs_claim_lane,
 -- in (rank, id) order, locking rows as it reads them (SKIP LOCKED: claimers pass each
 -- other). Each source is read in two phases: the head of the order, where keys that were
 -- at their limits wait (p_head_scan rows), then on from the lane's frontier
@@ -69,9 +70,14 @@ CREATE OR REPLACE FUNCTION claim_runs_keyed(
 SET jit = off
 LANGUAGE plpgsql AS $$
 DECLARE
-    chain text[] := p_lanes || CASE WHEN p_wildcard
+    -- The chain without its paused lanes (paused_lanes read once, nothing per run).
+    chain text[] := ARRAY(
+        SELECT wanted.lane
+        FROM unnest(p_lanes || CASE WHEN p_wildcard
                                     THEN ARRAY(SELECT lane FROM ready_lanes(p_lanes))
-                                    ELSE '{}' END;
+                                    ELSE '{}' END) WITH ORDINALITY AS wanted(lane, position)
+        WHERE wanted.lane <> ALL(ARRAY(SELECT lane FROM paused_lanes))
+        ORDER BY wanted.position);
     source integer;
     phase integer;
     head_scanned integer;

@@ -3,9 +3,9 @@
 -- does not grow with the table or the backlog. No index exists for it: each figure is
 -- read from an index a run is in anyway (docs/metrics.md, "What a scrape costs").
 --
--- Lanes: the built-in ones, those with a ready run (ready_lanes: a skip scan of
--- runs_claim_lane), with a run in flight (a skip scan of runs_running), and those of the
--- scheduled and pending runs counted below, at most p_max_lanes in name order.
+-- Lanes: the built-in ones, the paused ones, those with a ready run (ready_lanes: a skip
+-- scan of runs_claim_lane), with a run in flight (a skip scan of runs_running), and those
+-- of the scheduled and pending runs counted below, at most p_max_lanes in name order.
 -- Depths: a lane's ready runs are counted from runs_claim_lane and its runs in flight
 -- from runs_running, up to p_count_cap each and p_count_budget over the whole call;
 -- scheduled and pending runs from runs_due and runs_pending, which hold every lane's,
@@ -69,6 +69,7 @@ BEGIN
             UNION SELECT jsonb_object_keys(due)
             UNION SELECT jsonb_object_keys(parked)
             UNION SELECT unnest(ARRAY['fast_lane', 'manual', 'default'])
+            UNION SELECT paused_lanes.lane FROM paused_lanes
         ) AS found
         WHERE found.lane IS NOT NULL
         ORDER BY found.lane

@@ -6,7 +6,11 @@
 --   after a few executions: planned once per connection):
 --   chain: the lanes the chain names, in chain order, then, only with `*` (last in the
 --     chain), every other lane with a ready run, lowest head first (ready_lanes: a skip
---     scan, one index descent per lane).
+--     scan, one index descent per lane); a paused lane is left out of either (paused_lanes
+--     read once per claim, an InitPlan: a filter of a few lanes, never a join that
+--     could reorder the chain, nothing per run). A claim whose statement began
+--     before a pause committed may still take runs of its lane; one that begins after
+--     never does.
 --   probe: one ordered probe of runs_claim_lane per lane of the chain. The nested loop
 --     over the chain asks the next lane only when the lanes before it ran short, and the
 --     LIMIT stops probing, and locking, at demand: runs across the lanes of `*`
@@ -29,9 +33,11 @@ WITH limits AS MATERIALIZED (
 ),
 chain AS (  -- in order: an Append reads its parts in turn, each in its order
     SELECT named.lane FROM unnest(%(lanes)s::text[]) AS named(lane)
+    WHERE named.lane <> ALL(ARRAY(SELECT lane FROM paused_lanes))
     UNION ALL
     SELECT other.lane FROM ready_lanes(%(lanes)s::text[]) AS other
     WHERE %(wildcard)s::boolean AND NOT (SELECT apply FROM limits)
+      AND other.lane <> ALL(ARRAY(SELECT lane FROM paused_lanes))
 ),
 picked AS (
     SELECT probe.id
