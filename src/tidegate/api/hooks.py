@@ -310,7 +310,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
 async def _answer(
     ingress: Api,
     trigger: Trigger,
-    lane: str,
+    lane: str | None,
     decision: dict[str, Any],
     idempotency_key: str | None,
     stream_after: int | None,
@@ -320,7 +320,9 @@ async def _answer(
     (tidegate.admission), else the run's. A sync caller that asked for server-sent events
     (``stream_after``: the last event it has seen) gets the run's progress as it happens,
     then its reply as the ``result`` event, in a stream that gives its place back
-    (``give_back``) when it ends."""
+    (``give_back``) when it ends. ``lane`` is the fast lane's for a sync trigger, ``None``
+    for an async one (its task's declared lane, chosen in admit_webhook: no refusal of an
+    async webhook names a lane)."""
     verdict = Verdict(decision["decision"])
     refusal = verdict.refusal
     if refusal is not None:
