@@ -388,28 +388,32 @@ async def test_timeouts_and_429s_count_as_failures(
     answer: str,
     worker_mode: Remote | None,
 ) -> None:
-    down = endpoints(answer, delay=2)
+    # The hanging endpoint answers long after the forward's timeout, the busy one at once
+    # and well inside it: each attempt's failure is the one the test names however slow
+    # a loaded machine makes the request's way to the endpoint.
+    down = endpoints(answer, delay=6)
     await set_policy(client, "default", "*", breaker_failures=2, breaker_cooldown_seconds=600)
-    trigger = await forwarder(client, "down", down, forward_timeout_seconds=0.3)
+    timeout = 1 if answer == "hang" else 10
+    trigger = await forwarder(client, "down", down, forward_timeout_seconds=timeout)
     ids = await send(client, trigger, 4)
     start_worker_process("manual>*:1", remote=worker_mode)
 
     await wait_until(lambda: (breaker(sql, "default", down.key) or {}).get("state") == "open")
 
     await asyncio.sleep(1.5)  # its 1 s Retry-After, or the backoff, is over: still waiting
-    # Two failures open it; a third run may be claimed into the slot freed before the
-    # second failure was written (breaker_failures - 1 + 2 x slots).
-    assert down.hits in (2, 3)
     rows = sql.execute(
         "SELECT attempt, max_attempts, errors -> 0 ->> 'error' FROM runs"
         " WHERE id = ANY(%s) AND attempt > 0",
         [ids],
     ).fetchall()
+    # Two failures open it; a third run may be claimed into the slot freed before the
+    # second failure was written (breaker_failures - 1 + 2 x slots).
+    assert len(rows) in (2, 3)
     if answer == "busy":  # DownstreamFailing: counted, but the attempt given back
-        assert [(a, m) for a, m, _ in rows] == [(1, 51)] * down.hits
+        assert [(a, m) for a, m, _ in rows] == [(1, 51)] * len(rows)
         assert all("answered 429" in error for *_, error in rows)
     else:
-        assert all("no answer within 0.3s" in error for *_, error in rows)
+        assert all("no answer within 1" in error for *_, error in rows)
 
 
 async def test_a_rescued_probe_frees_its_place_for_the_next_one(
