@@ -38,6 +38,16 @@ def plan_nodes(plan: dict) -> list[dict]:  # type: ignore[type-arg]
     return nodes
 
 
+def scans_of(plans: list[dict]) -> set[tuple[str, str | None, str | None]]:  # type: ignore[type-arg]
+    """Each scan in ``plans``: its node type, index and relation."""
+    return {
+        (node["Node Type"], node.get("Index Name"), node.get("Relation Name"))
+        for p in plans
+        for node in plan_nodes(p["Plan"])
+        if "Scan" in node["Node Type"]
+    }
+
+
 def claim_plans(
     sql: psycopg.Connection, lanes: list[str], wildcard: bool, *, keep: bool = False
 ) -> tuple[list[dict], list[tuple]]:  # type: ignore[type-arg]
@@ -103,12 +113,7 @@ def test_claim_scans_its_indexes_and_never_the_backlog(
     plans, claimed = claim_plans(sql, lanes, wildcard)
     assert len(claimed) == 8
     texts = [p["Query Text"] for p in plans]
-    scans = {
-        (node["Node Type"], node.get("Index Name"), node.get("Relation Name"))
-        for p in plans
-        for node in plan_nodes(p["Plan"])
-        if "Scan" in node["Node Type"]
-    }
+    scans = scans_of(plans)
     assert not any(kind == "Seq Scan" and rel == "runs" for kind, _, rel in scans), scans
     assert any(index == "runs_claim_lane" for _, index, _ in scans), scans
     assert any(index == "runs_pkey" for _, index, _ in scans), scans

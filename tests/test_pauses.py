@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from tests.conftest import WorkerOf, wait_until
 from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer, create_project, create_trigger
-from tests.test_claim_plan import claim_plans, plan_nodes
+from tests.test_claim_plan import claim_plans, scans_of
 from tidegate import NewRun, Tidegate
 from tidegate.admission import PAUSED_RETRY_SECONDS
 from tidegate.cli import main
@@ -280,12 +280,7 @@ def test_the_claim_leaves_paused_lanes_out_and_still_probes_its_indexes(
         "SELECT DISTINCT lane FROM runs WHERE id = ANY(%s)", [[row[0] for row in claimed]]
     ).fetchall()
     assert len(claimed) == 8 and lanes == [("default",)]
-    scans = {
-        (node["Node Type"], node.get("Index Name"), node.get("Relation Name"))
-        for p in plans
-        for node in plan_nodes(p["Plan"])
-        if "Scan" in node["Node Type"]
-    }
+    scans = scans_of(plans)
     assert not any(kind == "Seq Scan" and rel == "runs" for kind, _, rel in scans), scans
     assert any(index == "runs_claim_lane" for _, index, _ in scans), scans
 

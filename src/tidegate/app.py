@@ -747,10 +747,11 @@ class Tidegate:
         (``tidegate.forward`` does) on the loop that is about to end.
         """
         if self._async_pool is not None:
-            _, pool, keeper = self._async_pool
+            loop, _, keeper = self._async_pool
             self._async_pool = None
-            keeper.cancel()
-            await pool.close()
+            if loop is asyncio.get_running_loop():  # else that loop's end closes it
+                keeper.cancel()
+                await asyncio.wait({keeper})
 
     # -- drivers ------------------------------------------------------------------
 
@@ -964,8 +965,15 @@ _KEEPERS: set[asyncio.Task[None]] = set()
 
 
 async def _close_when_cancelled(pool: AsyncConnectionPool) -> None:
-    """Wait until cancelled (the loop's end, or ``aclose_pool``), then close ``pool``."""
+    """Wait until cancelled (the loop's end, or ``aclose_pool``), then close ``pool``.
+
+    At a loop's end the pool's own workers are cancelled with every other task, and
+    ``close`` stops where it waits for them (it raises their ``CancelledError``), before
+    it closes the connections it holds: ``drain`` closes those first, in this task.
+    """
     try:
         await asyncio.get_running_loop().create_future()
     finally:
-        await pool.close()
+        await pool.drain()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pool.close()

@@ -175,6 +175,8 @@ class Run:
 
 
 _NOT_STORED = ("duplicate", "lane_paused")
+_UNSTORED = {name: False for name in _NOT_STORED}
+"""What a run read from a row of ``runs`` alone has for the fields no column holds."""
 _RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name not in _NOT_STORED)
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
 
@@ -188,7 +190,7 @@ def stored_run(values: dict[str, Any]) -> Run:
     once gives the same object, as frozen as before, in under 1 µs.
     """
     run = object.__new__(Run)
-    run.__dict__.update(values)
+    run.__dict__.update(_UNSTORED, **values)
     return run
 
 
