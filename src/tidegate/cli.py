@@ -46,7 +46,7 @@ from tidegate.limits import (
     Bound,
 )
 from tidegate.logs import configure as configure_logging
-from tidegate.runs import Run, RunState, retry_runs
+from tidegate.runs import Run, RunState, args_filter, list_runs, retry_runs, with_holds
 from tidegate.settings import (
     DEFAULT_DATA_DIR,
     ENV_PREFIX,
@@ -339,16 +339,26 @@ class RunsCommands(click.Group):
 )
 @_command_option("--task", help="Only the runs of this task.")
 @_command_option(
+    "--args",
+    "args_json",
+    help="Only the runs whose args contain this JSON object, e.g. '{\"order\": 7}'.",
+)
+@_command_option(
     "--limit", type=click.IntRange(1, 10_000), default=20, help="The most runs listed."
 )
 @_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def runs(ctx: click.Context, /, json: bool, **filters: Any) -> None:
+def runs(ctx: click.Context, /, json: bool, args_json: str | None, **filters: Any) -> None:
     """List the newest runs; show, cancel or retry one (tidegate runs RUN_ID: show it)."""
     if ctx.invoked_subcommand is not None:
         return
+    try:
+        contained = None if args_json is None else args_filter(args_json)
+    except TidegateError as error:
+        raise click.BadParameter(str(error), param_hint="--args") from None
     with _open(ctx) as app:
-        found = app.list_runs(**filters)
+        found = app.execute(list_runs(**filters, args=contained))
+        found = app.execute(with_holds(found))
     if json:
         _echo([run.to_json() for run in found])
     else:
@@ -361,10 +371,10 @@ def runs(ctx: click.Context, /, json: bool, **filters: Any) -> None:
 def runs_show(ctx: click.Context, /, run_id: int) -> None:
     """Show run RUN_ID in full, as JSON."""
     with _open(ctx) as app:
-        run = app.get_run(run_id)
-    if run is None:
+        found = app.execute(with_holds([run] if (run := app.get_run(run_id)) else []))
+    if not found:
         raise Failure(f"no run {run_id}")
-    _echo(run.to_json())
+    _echo(found[0].to_json())
 
 
 @runs.command("cancel")
@@ -411,7 +421,7 @@ def _run_row(run: Run) -> tuple[str, ...]:
         run.lane,
         run.key,
         run.state,
-        f"{run.attempt}/{run.max_attempts}",
+        run.attempts,
         run.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
         run.reason or "",
     )

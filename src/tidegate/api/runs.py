@@ -37,7 +37,15 @@ from tidegate.api.kernel import (
 )
 from tidegate.api.streams import Full
 from tidegate.errors import InputError
-from tidegate.limits import IDENTIFIER, LANE_NAME, MAX_ID, MAX_NAME_CHARS, MAX_TEXT_CHARS, RunId
+from tidegate.limits import (
+    IDENTIFIER,
+    LANE_NAME,
+    MAX_ID,
+    MAX_NAME_CHARS,
+    MAX_TEXT_CHARS,
+    RunId,
+    check_text,
+)
 from tidegate.runs import Run, RunState
 
 router = APIRouter(
@@ -80,8 +88,11 @@ async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
 
 @router.get("/{run_id}", responses={**A_RUN, **NOT_FOUND}, operation_id="getRun")
 async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
-    """A run: state, lane, attempts, result, errors, timings."""
-    return JSONResponse(_shown(await _visible(request, caller, run_id), caller))
+    """A run: state, lane, attempts, result, errors, timings, and why it waits (``reason``:
+    no live worker has its task, or its key's circuit breaker holds it)."""
+    api: Api = request.app.state.api
+    found = await api.run(runs.with_holds([await _visible(request, caller, run_id)]))
+    return JSONResponse(_shown(found[0], caller))
 
 
 @router.get(
@@ -154,11 +165,25 @@ async def list_runs(
     ] = None,
     state: RunState | None = None,
     task: Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT_CHARS)] = None,
+    key: Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT_CHARS)] = None,
+    args: Annotated[
+        str | None,
+        Query(
+            max_length=runs.MAX_ARGS_FILTER_CHARS,
+            description='runs whose args contain this JSON object (`args @> {"order": 7}`)',
+        ),
+    ] = None,
     limit: PageSize = 50,
     cursor: Cursor = None,
 ) -> JSONResponse:
     """The newest runs matching every filter given, a page at a time."""
     before = read_cursor(cursor, int)
+    try:
+        if key is not None:
+            check_text(key, "key")
+        contained = None if args is None else runs.args_filter(args)
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
     if not caller.admin:
         if project not in (None, caller.project):
             raise HTTPException(403, "a project token lists its own project's runs only")
@@ -169,11 +194,14 @@ async def list_runs(
             lane=lane,
             state=state.value if state else None,
             task=task,
+            key=key,
+            args=contained,
             limit=limit + 1,
             before=before[0] if before else None,
         )
     )
     shown, link = page(request, found, limit, lambda run: [run.id])
+    shown = await request.app.state.api.run(runs.with_holds(shown))
     return JSONResponse([_shown(run, caller) for run in shown], headers=link)
 
 

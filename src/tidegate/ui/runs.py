@@ -2,8 +2,13 @@
 
 A project's session reads its own runs only: the list is filtered by its project
 whatever the form says, and another project's run answers 404, as in the runs API.
-Retry and Cancel run the runs API's own steps (``tidegate.runs``: ``retry_runs``,
-``cancel_run``).
+The list has a tab per state with how many runs of it match the other filters (counted
+up to ``TAB_COUNT_CAP``), and searches by key and by args (``args @> {...}``, as ``GET
+/runs?args=`` and ``tidegate runs --args``).
+
+Retry and Cancel are confirmed first: the run's page links to a page that says what
+will happen (``GET /ui/runs/{id}/retry``), whose form makes the change (the POST). They
+run the runs API's own steps (``tidegate.runs``: ``retry_runs``, ``cancel_run``).
 """
 
 from __future__ import annotations
@@ -17,14 +22,26 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from tidegate.access import Session
 from tidegate.errors import InputError
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
-from tidegate.runs import Run, RunState, cancel_run, get_run, retry_runs
+from tidegate.runs import (
+    MAX_ARGS_FILTER_CHARS,
+    Run,
+    RunState,
+    args_filter,
+    cancel_run,
+    get_run,
+    retry_runs,
+    with_holds,
+)
 from tidegate.ui.session import Current, api_of, check_csrf, rows
 from tidegate.ui.templating import render
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 RunIdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
 PAGE = 50
-FILTERS = ("state", "lane", "project", "task", "key")
+FILTERS = ("state", "lane", "project", "task", "key", "args")
+TAB_COUNT_CAP = 1000
+"""The most runs a state's tab counts (shown ``1000+`` past it): a tab costs at most
+that many rows of the table, however many match."""
 
 
 def _filters(request: Request, session: Session) -> dict[str, str | None]:
@@ -44,6 +61,8 @@ def _filters(request: Request, session: Session) -> dict[str, str | None]:
         for name in ("task", "key"):
             if found[name] is not None:
                 check_text(found[name], name)
+        if found["args"] is not None:
+            args_filter(found["args"])
     except InputError as error:
         raise HTTPException(422, str(error)) from None
     if not session.caller.admin:
@@ -66,14 +85,22 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
     """A page of runs, newest first; ``before`` (a run id) pages back (keyset)."""
     filters = _filters(request, session)
     before = _before(request)
-    params = {**filters, "before": before, "limit": PAGE}
-    found = await api_of(request).run(rows("list_runs_page", params))
+    searched = {**filters, "args": filters["args"] and args_filter(filters["args"])}
+    params = {**searched, "before": before, "limit": PAGE}
+    api = api_of(request)
+    found = await api.run(rows("list_runs_page", params))
+    counted = await api.run(rows("count_runs_by_state", {**searched, "cap": TAB_COUNT_CAP}))
+    kept = {name: value for name, value in filters.items() if value is not None}
+    if not session.caller.admin:
+        kept.pop("project", None)
     older = None
     if len(found) == PAGE:
-        kept = {name: value for name, value in filters.items() if value is not None}
-        if not session.caller.admin:
-            kept.pop("project", None)
         older = "/ui/runs?" + urlencode({**kept, "before": found[-1]["id"]})
+    others = {name: value for name, value in kept.items() if name != "state"}
+    tabs = [("all", None, "/ui/runs?" + urlencode(others))] + [
+        (row["state"], row["runs"], "/ui/runs?" + urlencode({**others, "state": row["state"]}))
+        for row in counted
+    ]
     return render(
         request,
         "runs.html",
@@ -81,19 +108,39 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
         filters=filters,
         before=before,
         older=older,
-        all_states=[state.value for state in RunState],
+        tabs=tabs,
+        cap=TAB_COUNT_CAP,
+        args_chars=MAX_ARGS_FILTER_CHARS,
     )
 
 
 @router.get("/runs/{run_id}")
 async def run_page(run_id: RunIdPath, request: Request, session: Current) -> HTMLResponse:
-    return render(request, "run.html", run=await _visible(request, session, run_id))
+    return render(request, "run.html", run=await _held(request, session, run_id))
 
 
 @router.get("/fragments/runs/{run_id}")
 async def run_fragment(run_id: RunIdPath, request: Request, session: Current) -> HTMLResponse:
     """The run's state, result, errors and buttons: polled every 2 s until it finishes."""
-    return render(request, "run_live.html", run=await _visible(request, session, run_id))
+    return render(request, "run_live.html", run=await _held(request, session, run_id))
+
+
+@router.get("/runs/{run_id}/retry")
+async def confirm_retry(run_id: RunIdPath, request: Request, session: Current) -> HTMLResponse:
+    """Say what Retry does to this run, with the button that does it (a POST)."""
+    run = await _visible(request, session, run_id)
+    if not run.state.finished:
+        raise HTTPException(409, f"run {run_id} has not finished")
+    return render(request, "confirm.html", run=run, action="retry")
+
+
+@router.get("/runs/{run_id}/cancel")
+async def confirm_cancel(run_id: RunIdPath, request: Request, session: Current) -> HTMLResponse:
+    """Say what Cancel does to this run (running: per kind of handler), with its button."""
+    run = await _visible(request, session, run_id)
+    if run.state.finished:
+        raise HTTPException(409, f"run {run_id} has finished already")
+    return render(request, "confirm.html", run=run, action="cancel")
 
 
 @router.post("/runs/{run_id}/retry")
@@ -118,6 +165,12 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
     if await api.run(cancel_run(run_id, completed_channel=channel)) is None:
         raise HTTPException(409, f"run {run_id} has finished already")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
+
+
+async def _held(request: Request, session: Session, run_id: int) -> Run:
+    """``_visible``, with the circuit breaker that holds it, if one does."""
+    run = await _visible(request, session, run_id)
+    return (await api_of(request).run(with_holds([run])))[0]
 
 
 async def _visible(request: Request, session: Session, run_id: int) -> Run:
