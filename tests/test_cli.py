@@ -210,6 +210,24 @@ def test_runs_are_searched_by_args_and_a_breaker_says_why_a_run_waits(
     assert "hold" not in shown
 
 
+def test_runs_the_filters_match_are_cancelled_and_retried_in_bulk(
+    app: Tidegate, env: dict[str, str], sql: psycopg.Connection
+) -> None:
+    made = app.enqueue_many([NewRun("echo", {"n": n}, key=f"k{n % 2}") for n in range(5)])
+    cancelled = invoke(env, "runs", "--key", "k0", "cancel-matching")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(cancelled.stdout) == {"cancelled": 3, "more": False}
+    states = dict(sql.execute("SELECT id, state::text FROM runs").fetchall())
+    assert [states[run.id] for run in made] == ["cancelled", "available"] * 2 + ["cancelled"]
+    retried = invoke(env, "runs", "--state", "cancelled", "retry-matching", "--limit", "2")
+    assert json.loads(retried.stdout) == {"retried": 2, "more": True}
+    lanes = dict(sql.execute("SELECT id, lane FROM runs WHERE state = 'available'").fetchall())
+    assert lanes[made[4].id] == lanes[made[2].id] == "default"  # the newest two
+    assert made[0].id not in lanes
+    refused = invoke(env, "runs", "retry-matching", "--limit", "100001")
+    assert refused.exit_code == 2
+
+
 def test_schedules_are_listed_as_a_table_or_as_json(app: Tidegate, env: dict[str, str]) -> None:
     none = invoke(env, "schedules", "list")
     assert (none.exit_code, none.stdout) == (0, "no schedules\n")

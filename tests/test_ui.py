@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import wait_until
 from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import NewRun, Tidegate
-from tidegate.runs import RunState
+from tidegate.runs import BulkAction, RunState, bulk_runs
 from tidegate.schedules import create_schedule
 from tidegate.signatures import sign
 
@@ -1035,3 +1035,84 @@ async def test_pages_link_a_favicon_of_their_own_and_redoc_loads_nothing_from_el
     policy = redoc.headers["content-security-policy"]
     assert "default-src 'self'" in policy and "img-src 'self' data:" in policy
     assert "https://" not in redoc.text
+
+
+async def test_a_bulk_retry_and_cancel_act_on_what_the_list_shows_once_confirmed(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    project_token = _project_token(sql, "acme")
+    made = app.enqueue_many(
+        [NewRun("ship", {"order": n}, project="acme") for n in range(5)]
+        + [NewRun("ship", {"order": 9}, project="other")]
+    )
+    ids = [run.id for run in made]
+    sql.execute(
+        "UPDATE runs SET state = 'discarded', completed_at = now() WHERE id = ANY(%s)",
+        [[ids[0], ids[1], ids[5]]],
+    )
+    browser = await sign_in(project_token)
+    page = await browser.page("/ui/runs?state=discarded")
+    assert '<a class="button" href="/ui/bulk/retry?state=discarded">Retry 2 finished…</a>' in page
+    assert "/ui/bulk/cancel" not in page
+    confirm = await browser.page("/ui/bulk/retry?state=discarded")
+    assert '<strong id="bulk-matching">2</strong>' in confirm
+    assert run_state(sql, ids[0]) == ("discarded", "default")  # asking changes nothing
+
+    done = await browser.post("/ui/bulk/retry?state=discarded")
+    assert done.status_code == 200 and "Retried 2 runs" in done.text
+    assert [run_state(sql, i)[0] for i in ids] == ["available"] * 5 + ["discarded"]  # not B's
+    assert (await browser.post("/ui/bulk/retry?state=discarded")).text.count("Retried 0 runs")
+
+    cancelled = await browser.post("/ui/bulk/cancel?" + urlencode({"args": '{"order": 3}'}))
+    assert "Cancelled 1 runs" in cancelled.text
+    assert run_state(sql, ids[3])[0] == "cancelled"
+    refused = await browser.client.post("/ui/bulk/cancel", data={"csrf_token": "wrong"})
+    assert refused.status_code == 403
+    assert (await browser.client.get("/ui/bulk/delete")).status_code == 422
+
+
+async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    made = app.enqueue_many([NewRun("ship", {"n": n}, key="k") for n in range(8)])
+    ids = [run.id for run in made]
+    # Newest first, three a batch, at most seven: 3 + 3 + 1, and one left over.
+    done = app.execute(
+        bulk_runs(
+            BulkAction.CANCEL,
+            {
+                "project": None,
+                "lane": None,
+                "state": None,
+                "task": "ship",
+                "key": "k",
+                "args": None,
+            },
+            7,
+            available_channel=app.available_channel,
+            completed_channel=app.completed_channel,
+            batch=3,
+        )
+    )
+    assert (done.changed, done.more) == (7, True)
+    assert run_state(sql, ids[0])[0] == "available"
+    assert {run_state(sql, i)[0] for i in ids[1:]} == {"cancelled"}
+
+    retried = await client.post(
+        "/runs/retry-matching", json={"task": "ship", "state": "cancelled"}, headers=ADMIN
+    )
+    assert retried.json() == {"retried": 7, "more": False}, retried.text
+    assert {run_state(sql, i) for i in ids[1:]} == {("available", "default")}
+    cancelled = await client.post(
+        "/runs/cancel-matching", json={"args": {"n": 4}, "limit": 5}, headers=ADMIN
+    )
+    assert cancelled.json() == {"cancelled": 1, "more": False}
+    for wrong in ({"limit": 0}, {"limit": 100_001}, {"args": [1]}, {"ids": [1]}):
+        response = await client.post("/runs/retry-matching", json=wrong, headers=ADMIN)
+        assert response.status_code == 422, (wrong, response.text)
+    token = _project_token(sql, "acme")
+    other = {"Authorization": f"Bearer {token}"}
+    mine = await client.post("/runs/cancel-matching", json={}, headers=other)
+    assert mine.json() == {"cancelled": 0, "more": False}  # none of acme's: none changed
+    theirs = await client.post("/runs/cancel-matching", json={"project": "default"}, headers=other)
+    assert theirs.status_code == 403

@@ -375,9 +375,83 @@ def cancel_run(run_id: int, *, completed_channel: str) -> Steps[Run | None]:
     cancelled, a sync one's outcome is not recorded (cancel_run.sql). The runs API, the
     dashboard's Cancel button and ``Tidegate.cancel`` run these same steps.
     """
-    params = {"id": run_id, "completed_channel": completed_channel}
-    rows = yield Statement("cancel_run", params, run_row)
-    return rows[0] if rows else None
+    cancelled = yield from cancel_runs([run_id], completed_channel=completed_channel)
+    return cancelled[0] if cancelled else None
+
+
+def cancel_runs(ids: Sequence[int], *, completed_channel: str) -> Steps[list[Run]]:
+    """Cancel the runs of ``ids`` that have not finished, and return them (``cancel_run``
+    for many: a bulk cancel's batch)."""
+    params = {"ids": list(ids), "completed_channel": completed_channel}
+    return (yield Statement("cancel_run", params, run_row))
+
+
+BULK_BATCH = 500
+"""Runs a bulk retry or cancel changes per statement: each batch is a statement (its own
+transaction) that locks its runs for milliseconds, and claims skip locked rows."""
+MAX_BULK_RUNS = 100_000
+"""The most runs one bulk retry or cancel changes; more are the next call's."""
+
+
+class BulkAction(StrEnum):
+    """What a bulk action does to the runs its filter matches, and which it can change."""
+
+    RETRY = "retry"
+    CANCEL = "cancel"
+
+    @property
+    def states(self) -> list[str]:
+        finished = [state.value for state in RunState if state.finished]
+        return (
+            finished
+            if self is BulkAction.RETRY
+            else [state.value for state in RunState if not state.finished]
+        )
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """What a bulk retry or cancel did: how many runs it changed, and whether it stopped
+    at its limit with runs left that the filter matches (call again for them)."""
+
+    changed: int
+    more: bool
+
+
+def bulk_runs(
+    action: BulkAction,
+    filters: dict[str, Any],
+    limit: int,
+    *,
+    available_channel: str,
+    completed_channel: str,
+    batch: int = BULK_BATCH,
+) -> Steps[BulkResult]:
+    """Retry or cancel up to ``limit`` runs that match ``filters`` (``list_runs``' names:
+    project, lane, state, task, key, args), newest first, ``batch`` at a time.
+
+    For a connection in autocommit (every driver's), each statement is its own
+    transaction: a batch's runs are found without a lock, then changed by the action's
+    own statement (``retry_runs``: to the ``default`` lane, as a bulk retry goes;
+    ``cancel_runs``), which locks them only while it changes them and passes over any
+    that left the action's states meanwhile. No lock outlives a batch, and a claim skips
+    a locked row rather than wait for it: a bulk action never stalls the workers.
+    """
+    changed = 0
+    before: int | None = None
+    while changed < limit:
+        size = min(batch, limit - changed)
+        params = {**filters, "states": action.states, "before": before, "limit": size}
+        found = [row[0] for row in (yield Statement("find_matching_runs", params))]
+        if action is BulkAction.RETRY:
+            done = yield from retry_runs(found, "default", channel=available_channel)
+        else:
+            done = yield from cancel_runs(found, completed_channel=completed_channel)
+        changed += len(done)
+        if len(found) < size:
+            return BulkResult(changed, more=False)
+        before = found[-1]
+    return BulkResult(changed, more=True)
 
 
 REPLY_KEY = "$reply"

@@ -232,6 +232,71 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
     return {"retried": sorted(run.id for run in retried)}
 
 
+class Matching(BaseModel):
+    """The runs a bulk retry or cancel acts on: the run list's filters, and how many."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = Field(None, pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
+    lane: str | None = Field(None, pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)
+    state: RunState | None = None
+    task: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
+    key: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
+    args: dict[str, Any] | None = Field(
+        None, description='runs whose args contain this object (`{"order": 7}`)'
+    )
+    limit: int = Field(1000, ge=1, le=runs.MAX_BULK_RUNS)
+
+
+async def _bulk(
+    action: runs.BulkAction, body: Matching, request: Request, caller: Caller
+) -> runs.BulkResult:
+    """Run a bulk action on the runs ``body`` matches, held to the caller's project."""
+    if not caller.admin:
+        if body.project not in (None, caller.project):
+            raise HTTPException(403, "a project token acts on its own project's runs only")
+        body = body.model_copy(update={"project": caller.project})
+    try:
+        for name in ("task", "key"):
+            if (value := getattr(body, name)) is not None:
+                check_text(value, name)
+        contained = None if body.args is None else runs.args_filter(json.dumps(body.args))
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
+    filters = {**body.model_dump(exclude={"limit"}), "args": contained}
+    api: Api = request.app.state.api
+    return await api.run(
+        runs.bulk_runs(
+            action,
+            filters,
+            body.limit,
+            available_channel=api.app.available_channel,
+            completed_channel=api.app.completed_channel,
+        )
+    )
+
+
+@router.post("/retry-matching", operation_id="retryMatchingRuns")
+async def retry_matching_runs(
+    body: Matching, request: Request, caller: Authorized
+) -> dict[str, Any]:
+    """Run again, in the ``default`` lane, up to ``limit`` finished runs that match the
+    filters, newest first, in batches that never hold a lock a claim waits for.
+    ``more``: it stopped at its limit, and more may match."""
+    done = await _bulk(runs.BulkAction.RETRY, body, request, caller)
+    return {"retried": done.changed, "more": done.more}
+
+
+@router.post("/cancel-matching", operation_id="cancelMatchingRuns")
+async def cancel_matching_runs(
+    body: Matching, request: Request, caller: Authorized
+) -> dict[str, Any]:
+    """Cancel up to ``limit`` unfinished runs that match the filters, newest first, in
+    batches (as ``retry-matching``); a running attempt learns it as a single cancel's does."""
+    done = await _bulk(runs.BulkAction.CANCEL, body, request, caller)
+    return {"cancelled": done.changed, "more": done.more}
+
+
 @router.post(
     "/{run_id}/cancel", responses={**A_RUN, **NOT_FOUND, **CONFLICT}, operation_id="cancelRun"
 )

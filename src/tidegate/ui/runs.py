@@ -13,7 +13,7 @@ run the runs API's own steps (``tidegate.runs``: ``retry_runs``, ``cancel_run``)
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, HTTPException, Path, Request
@@ -24,9 +24,11 @@ from tidegate.errors import InputError
 from tidegate.limits import MAX_ID, check_identifier, check_lane, check_text, whole_number
 from tidegate.runs import (
     MAX_ARGS_FILTER_CHARS,
+    BulkAction,
     Run,
     RunState,
     args_filter,
+    bulk_runs,
     cancel_run,
     get_run,
     retry_runs,
@@ -109,6 +111,9 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
         before=before,
         older=older,
         tabs=tabs,
+        query=urlencode(kept),
+        finished=_matched(counted, filters["state"], BulkAction.RETRY),
+        unfinished=_matched(counted, filters["state"], BulkAction.CANCEL),
         cap=TAB_COUNT_CAP,
         args_chars=MAX_ARGS_FILTER_CHARS,
     )
@@ -165,6 +170,71 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
     if await api.run(cancel_run(run_id, completed_channel=channel)) is None:
         raise HTTPException(409, f"run {run_id} has finished already")
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
+
+
+def _matched(counted: list[dict[str, Any]], state: str | None, action: BulkAction) -> int:
+    """How many of the listed runs (by the tabs' counts) ``action`` could change."""
+    return sum(
+        row["runs"]
+        for row in counted
+        if row["state"] in action.states and state in (None, row["state"])
+    )
+
+
+BULK_LIMIT = 10_000
+"""The most runs one press of a bulk button changes: past it, the page says more match
+and the button can be pressed again."""
+BulkPath = Annotated[BulkAction, Path()]
+
+
+def _matching(request: Request, session: Session) -> tuple[dict[str, str | None], str]:
+    """A bulk action's filters (the list's, checked and held to the session's project),
+    and the list's query string that shows the same runs."""
+    filters = _filters(request, session)
+    shown = {name: value for name, value in filters.items() if value is not None}
+    if not session.caller.admin:
+        shown.pop("project", None)
+    return filters, urlencode(shown)
+
+
+@router.get("/bulk/{action}")
+async def confirm_bulk(action: BulkPath, request: Request, session: Current) -> HTMLResponse:
+    """Say what a bulk retry or cancel of the list's runs will do, with its button."""
+    filters, query = _matching(request, session)
+    searched = {**filters, "args": filters["args"] and args_filter(filters["args"])}
+    counted = await api_of(request).run(
+        rows("count_runs_by_state", {**searched, "cap": TAB_COUNT_CAP})
+    )
+    matching = sum(row["runs"] for row in counted if row["state"] in action.states)
+    return render(
+        request,
+        "bulk.html",
+        action=action,
+        filters={name: value for name, value in filters.items() if value is not None},
+        query=query,
+        matching=matching,
+        cap=TAB_COUNT_CAP,
+        limit=BULK_LIMIT,
+    )
+
+
+@router.post("/bulk/{action}")
+async def bulk(action: BulkPath, request: Request, session: Current) -> HTMLResponse:
+    """Retry or cancel up to ``BULK_LIMIT`` runs the list's filters match, in batches
+    (``tidegate.runs.bulk_runs``, as ``POST /runs/retry-matching`` does)."""
+    await check_csrf(request, session)
+    filters, query = _matching(request, session)
+    api = api_of(request)
+    done = await api.run(
+        bulk_runs(
+            action,
+            {**filters, "args": filters["args"] and args_filter(filters["args"])},
+            BULK_LIMIT,
+            available_channel=api.app.available_channel,
+            completed_channel=api.app.completed_channel,
+        )
+    )
+    return render(request, "bulk.html", action=action, query=query, done=done, limit=BULK_LIMIT)
 
 
 async def _held(request: Request, session: Session, run_id: int) -> Run:
