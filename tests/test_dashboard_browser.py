@@ -403,6 +403,34 @@ def test_an_operator_finds_a_run_by_its_args_and_cancels_it_once_confirmed(
     ]
 
 
+def test_an_operator_retries_every_cancelled_run_of_a_task_once_confirmed(
+    admin: Page, app: Tidegate
+) -> None:
+    made = app.enqueue_many([NewRun("invoice", {"n": n}) for n in range(3)])
+    other = app.enqueue("receipt")
+    for run in [*made, other]:
+        app.cancel(run.id)
+
+    admin.goto("/ui/runs")
+    form = admin.locator("form#run-filter")
+    fill_field(form, "task", "invoice")
+    form.get_by_role("button", name="Search").click()
+    admin.locator('#state-tabs a[data-state="cancelled"]').click()
+    expect(admin.locator("#runs tr[data-run]")).to_have_count(3)
+    admin.get_by_role("link", name="Retry 3 finished…").click()
+
+    expect(admin.locator("#bulk-matching")).to_have_text("3")
+    expect(admin.locator("#bulk-filter")).to_contain_text("invoice")
+    admin.get_by_role("button", name="Retry 3 runs").click()
+    expect(admin.locator("h1")).to_have_text("Retried 3 runs")
+    admin.get_by_role("link", name="Back to the runs").click()
+    expect(admin.locator("#runs tr[data-run]")).to_have_count(0)  # none cancelled now
+    states = [app.get_run(run.id) for run in [*made, other]]
+    assert [run.state if run else None for run in states] == [RunState.AVAILABLE] * 3 + [
+        RunState.CANCELLED
+    ]
+
+
 PHONE = {"width": 390, "height": 844}
 WIDTHS = """() => ({
     page: document.documentElement.scrollWidth,
@@ -438,6 +466,7 @@ def test_every_page_fits_a_phone_and_keeps_its_navigation_on_screen(
         "/ui/runs",
         f"/ui/runs/{long.id}",
         f"/ui/runs/{long.id}/cancel",
+        "/ui/bulk/cancel",
         f"/ui/runs/{run_id}",
         f"/ui/triggers/{trigger['id']}/log",
         "/ui/no-such-page",

@@ -350,7 +350,6 @@ class RunsCommands(click.Group):
 @_command_option("--task", help="Only the runs of this task.")
 @_command_option(
     "--args",
-    "args_json",
     help="Only the runs whose args contain this JSON object, e.g. '{\"order\": 7}'.",
 )
 @_command_option(
@@ -358,11 +357,11 @@ class RunsCommands(click.Group):
 )
 @_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def runs(ctx: click.Context, /, json: bool, args_json: str | None, **filters: Any) -> None:
+def runs(ctx: click.Context, /, json: bool, args: str | None, **filters: Any) -> None:
     """List the newest runs; show, cancel or retry one (tidegate runs RUN_ID: show it), or
     every run the filters match (tidegate runs --state discarded retry-matching)."""
     try:
-        contained = None if args_json is None else args_filter(args_json)
+        contained = None if args is None else args_filter(args)
     except TidegateError as error:
         raise click.BadParameter(str(error), param_hint="--args") from None
     if ctx.invoked_subcommand is not None:
