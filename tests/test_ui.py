@@ -1056,6 +1056,8 @@ async def test_a_bulk_retry_and_cancel_act_on_what_the_list_shows_once_confirmed
     assert "/ui/bulk/cancel" not in page
     confirm = await browser.page("/ui/bulk/retry?state=discarded")
     assert '<strong id="bulk-matching">2</strong>' in confirm
+    none = await browser.page("/ui/bulk/retry?state=cancelled")  # the search's state only
+    assert '<strong id="bulk-matching">0</strong>' in none
     assert run_state(sql, ids[0]) == ("discarded", "default")  # asking changes nothing
 
     done = await browser.post("/ui/bulk/retry?state=discarded")

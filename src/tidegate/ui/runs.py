@@ -72,6 +72,21 @@ def _filters(request: Request, session: Session) -> dict[str, str | None]:
     return found
 
 
+def _searched(filters: dict[str, str | None]) -> dict[str, str | None]:
+    """The statements' parameters of checked filters: the args filter as the JSON text
+    SQL takes (``args_filter``)."""
+    return {**filters, "args": filters["args"] and args_filter(filters["args"])}
+
+
+def _shown(filters: dict[str, str | None], session: Session) -> dict[str, str]:
+    """The filters a link to the same list carries (a project's session: not its
+    project, which the list adds itself)."""
+    kept = {name: value for name, value in filters.items() if value is not None}
+    if not session.caller.admin:
+        kept.pop("project", None)
+    return kept
+
+
 def _before(request: Request) -> int | None:
     raw = request.query_params.get("before") or None
     if raw is None:
@@ -87,14 +102,12 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
     """A page of runs, newest first; ``before`` (a run id) pages back (keyset)."""
     filters = _filters(request, session)
     before = _before(request)
-    searched = {**filters, "args": filters["args"] and args_filter(filters["args"])}
+    searched = _searched(filters)
     params = {**searched, "before": before, "limit": PAGE}
     api = api_of(request)
     found = await api.run(rows("list_runs_page", params))
     counted = await api.run(rows("count_runs_by_state", {**searched, "cap": TAB_COUNT_CAP}))
-    kept = {name: value for name, value in filters.items() if value is not None}
-    if not session.caller.admin:
-        kept.pop("project", None)
+    kept = _shown(filters, session)
     older = None
     if len(found) == PAGE:
         older = "/ui/runs?" + urlencode({**kept, "before": found[-1]["id"]})
@@ -172,13 +185,15 @@ async def cancel(run_id: RunIdPath, request: Request, session: Current) -> Redir
     return RedirectResponse(f"/ui/runs/{run_id}", status_code=303)
 
 
-def _matched(counted: list[dict[str, Any]], state: str | None, action: BulkAction) -> int:
-    """How many of the listed runs (by the tabs' counts) ``action`` could change."""
-    return sum(
+def _matched(counted: list[dict[str, Any]], state: str | None, action: BulkAction) -> str:
+    """How many of the listed runs (by the tabs' counts) ``action`` could change: ``0``,
+    ``12``, or ``1000+`` when a state's count stopped at its cap."""
+    parts = [
         row["runs"]
         for row in counted
         if row["state"] in action.states and state in (None, row["state"])
-    )
+    ]
+    return f"{sum(parts)}{'+' if any(part >= TAB_COUNT_CAP for part in parts) else ''}"
 
 
 BULK_LIMIT = 10_000
@@ -187,33 +202,20 @@ and the button can be pressed again."""
 BulkPath = Annotated[BulkAction, Path()]
 
 
-def _matching(request: Request, session: Session) -> tuple[dict[str, str | None], str]:
-    """A bulk action's filters (the list's, checked and held to the session's project),
-    and the list's query string that shows the same runs."""
-    filters = _filters(request, session)
-    shown = {name: value for name, value in filters.items() if value is not None}
-    if not session.caller.admin:
-        shown.pop("project", None)
-    return filters, urlencode(shown)
-
-
 @router.get("/bulk/{action}")
 async def confirm_bulk(action: BulkPath, request: Request, session: Current) -> HTMLResponse:
     """Say what a bulk retry or cancel of the list's runs will do, with its button."""
-    filters, query = _matching(request, session)
-    searched = {**filters, "args": filters["args"] and args_filter(filters["args"])}
+    filters = _filters(request, session)
     counted = await api_of(request).run(
-        rows("count_runs_by_state", {**searched, "cap": TAB_COUNT_CAP})
+        rows("count_runs_by_state", {**_searched(filters), "cap": TAB_COUNT_CAP})
     )
-    matching = sum(row["runs"] for row in counted if row["state"] in action.states)
     return render(
         request,
         "bulk.html",
         action=action,
         filters={name: value for name, value in filters.items() if value is not None},
-        query=query,
-        matching=matching,
-        cap=TAB_COUNT_CAP,
+        query=urlencode(_shown(filters, session)),
+        matching=_matched(counted, filters["state"], action),
         limit=BULK_LIMIT,
     )
 
@@ -223,17 +225,18 @@ async def bulk(action: BulkPath, request: Request, session: Current) -> HTMLResp
     """Retry or cancel up to ``BULK_LIMIT`` runs the list's filters match, in batches
     (``tidegate.runs.bulk_runs``, as ``POST /runs/retry-matching`` does)."""
     await check_csrf(request, session)
-    filters, query = _matching(request, session)
+    filters = _filters(request, session)
     api = api_of(request)
     done = await api.run(
         bulk_runs(
             action,
-            {**filters, "args": filters["args"] and args_filter(filters["args"])},
+            _searched(filters),
             BULK_LIMIT,
             available_channel=api.app.available_channel,
             completed_channel=api.app.completed_channel,
         )
     )
+    query = urlencode(_shown(filters, session))
     return render(request, "bulk.html", action=action, query=query, done=done, limit=BULK_LIMIT)
 
 
