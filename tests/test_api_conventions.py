@@ -217,6 +217,8 @@ OPERATION_IDS = {
     "GET /runs/{run_id}/events": "streamRunEvents",
     "POST /runs/{run_id}/retry": "retryRun",
     "POST /runs/retry": "retryRuns",
+    "POST /runs/retry-matching": "retryMatchingRuns",
+    "POST /runs/cancel-matching": "cancelMatchingRuns",
     "POST /runs/{run_id}/cancel": "cancelRun",
     "GET /admin/projects": "listProjects",
     "POST /admin/projects": "createProject",

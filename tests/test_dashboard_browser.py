@@ -33,7 +33,15 @@ CHROMIUM = Path("/usr/bin/chromium")
 ENABLE = "apt-get install -y chromium; pip install -e '.[test]'"
 
 try:
-    from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
+    from playwright.sync_api import (
+        Browser,
+        Locator,
+        Page,
+        Request,
+        Response,
+        expect,
+        sync_playwright,
+    )
 except ImportError:
     pytest.skip(
         f"the browser tests need the playwright package; to run them: {ENABLE}",
@@ -82,13 +90,26 @@ def browser() -> Iterator[Browser]:
 @pytest.fixture
 def page(browser: Browser, api: ApiServer) -> Iterator[Page]:
     """A page in a fresh browser context on the test's server; fails on a script error,
-    or on anything the dashboard's Content-Security-Policy refused (Chromium reports it on
-    the console: a page that needs it to be looser is broken)."""
+    on anything the dashboard's Content-Security-Policy refused (Chromium reports it on
+    the console: a page that needs it to be looser is broken), on a request to another
+    site (the dashboard works offline), and on a missing icon or static file."""
     context = browser.new_context(base_url=api.url, viewport=VIEWPORT)  # type: ignore[arg-type]
     context.set_default_timeout(WAIT_MS)
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
+
+    def offline(request: Request) -> None:
+        if not request.url.startswith((api.url, "data:")):
+            errors.append(f"a request to another site: {request.url}")
+
+    def found(response: Response) -> None:
+        asset = response.url.endswith("/favicon.ico") or "/static" in response.url
+        if asset and response.status >= 400:
+            errors.append(f"{response.status} for {response.url}")
+
+    tab.on("request", offline)
+    tab.on("response", found)
     tab.on(
         "console",
         lambda message: (
@@ -277,7 +298,9 @@ def test_a_discarded_run_found_by_task_succeeds_when_retried(
     expect(admin.locator("#run-errors")).to_contain_text("says to fail")
 
     flag.unlink()
-    admin.locator("form.retry").get_by_role("button", name="Retry").click()
+    admin.get_by_role("link", name="Retry…").click()
+    expect(admin.locator("h1")).to_have_text(f"Retry run {run.id}?")
+    admin.get_by_role("button", name=f"Retry run {run.id}").click()
 
     expect(admin.locator("#run-state")).to_contain_text("succeeded", timeout=DRAIN_MS)
     expect(admin.locator("#run-result")).to_contain_text("flag gone")
@@ -337,6 +360,153 @@ def test_a_project_token_sees_only_its_own_project(
     expect(page.locator(f'#runs tr[data-run="{theirs.id}"]')).to_have_count(0)
     response = page.goto(f"/ui/runs/{theirs.id}")
     assert response is not None and response.status in (403, 404), response
+
+
+def test_an_operator_finds_a_run_by_its_args_and_cancels_it_once_confirmed(
+    admin: Page, app: Tidegate
+) -> None:
+    made = app.enqueue_many(
+        [NewRun("ship", {"order": n, "shop": "north"}, key=f"shop-{n}") for n in range(4)]
+    )
+    target = made[2]
+
+    admin.get_by_role("link", name="Runs", exact=True).click()
+    tabs = admin.locator("#state-tabs")
+    expect(tabs.locator('a[data-state="available"] .count')).to_have_text("4")
+    form = admin.locator("form#run-filter")
+    fill_field(form, "args", '{"order": 2}')
+    form.get_by_role("button", name="Search").click()
+    rows = admin.locator("#runs tr[data-run]")
+    expect(rows).to_have_count(1)
+    expect(rows).to_have_attribute("data-run", str(target.id))
+    expect(tabs.locator('a[data-state="available"] .count')).to_have_text("1")
+    tabs.locator('a[data-state="available"]').click()  # a tab keeps the search
+    expect(admin).to_have_url(re.compile(r"args=.*state=available|state=available.*args="))
+    expect(rows).to_have_count(1)
+    rows.locator("a").first.click()
+
+    admin.get_by_role("link", name="Cancel…").click()
+    expect(admin.locator("h1")).to_have_text(f"Cancel run {target.id}?")
+    admin.get_by_role("link", name="Back").click()  # thought better of it: nothing changed
+    expect(admin.locator("#run-state")).to_contain_text("available")
+    admin.get_by_role("link", name="Cancel…").click()
+    admin.get_by_role("button", name=f"Cancel run {target.id}").click()
+
+    expect(admin).to_have_url(re.compile(rf"/ui/runs/{target.id}$"))
+    expect(admin.locator("#run-state")).to_contain_text("cancelled")
+    expect(admin.get_by_role("link", name="Retry…")).to_be_visible()
+    assert [run.state for run in map(app.get_run, (r.id for r in made)) if run] == [
+        RunState.AVAILABLE,
+        RunState.AVAILABLE,
+        RunState.CANCELLED,
+        RunState.AVAILABLE,
+    ]
+
+
+def test_an_operator_retries_every_cancelled_run_of_a_task_once_confirmed(
+    admin: Page, app: Tidegate
+) -> None:
+    made = app.enqueue_many([NewRun("invoice", {"n": n}) for n in range(3)])
+    other = app.enqueue("receipt")
+    for run in [*made, other]:
+        app.cancel(run.id)
+
+    admin.goto("/ui/runs")
+    form = admin.locator("form#run-filter")
+    fill_field(form, "task", "invoice")
+    form.get_by_role("button", name="Search").click()
+    admin.locator('#state-tabs a[data-state="cancelled"]').click()
+    expect(admin.locator("#runs tr[data-run]")).to_have_count(3)
+    admin.get_by_role("link", name="Retry 3 finished…").click()
+
+    expect(admin.locator("#bulk-matching")).to_have_text("3")
+    expect(admin.locator("#bulk-filter")).to_contain_text("invoice")
+    admin.get_by_role("button", name="Retry 3 runs").click()
+    expect(admin.locator("h1")).to_have_text("Retried 3 runs")
+    admin.get_by_role("link", name="Back to the runs").click()
+    expect(admin.locator("#runs tr[data-run]")).to_have_count(0)  # none cancelled now
+    states = [app.get_run(run.id) for run in [*made, other]]
+    assert [run.state if run else None for run in states] == [RunState.AVAILABLE] * 3 + [
+        RunState.CANCELLED
+    ]
+
+
+PHONE = {"width": 390, "height": 844}
+WIDTHS = """() => ({
+    page: document.documentElement.scrollWidth,
+    nav: Array.from(document.querySelectorAll("body > nav a, body > nav button"))
+        .map(e => [e.textContent.trim(), Math.round(e.getBoundingClientRect().right)]),
+})"""
+
+
+def test_every_page_fits_a_phone_and_keeps_its_navigation_on_screen(
+    admin: Page, app: Tidegate, client: httpx.Client
+) -> None:
+    """At 390 x 844 no page scrolls sideways (wide tables scroll in their own box) and
+    every link of the navigation, Sign out too, lies within the screen's width."""
+    create_project(client, "acme-corporation-with-a-long-name")
+    trigger = create_trigger(
+        client, "acme-corporation-with-a-long-name", "orders", mode="async", task="echo"
+    )
+    posted = client.post(trigger["url"], json={"order": "x" * 300, "note": "y " * 200})
+    assert posted.status_code == 202, posted.text
+    run_id = posted.json()["run_id"]
+    long = app.enqueue("fail", {"unbroken": "z" * 400}, key="k" * 60, lane="a_long_lane_name")
+    app.execute(
+        create_schedule("acme-corporation-with-a-long-name", "nightly", "noop", cron="0 2 * * *")
+    )
+    admin.set_viewport_size(PHONE)
+    pages = [
+        "/ui/",
+        "/ui/workers",
+        "/ui/projects",
+        "/ui/projects/acme-corporation-with-a-long-name",
+        "/ui/keys",
+        "/ui/schedules",
+        "/ui/runs",
+        f"/ui/runs/{long.id}",
+        f"/ui/runs/{long.id}/cancel",
+        "/ui/bulk/cancel",
+        f"/ui/runs/{run_id}",
+        f"/ui/triggers/{trigger['id']}/log",
+        "/ui/no-such-page",
+    ]
+    for path in pages:
+        admin.goto(path)
+        expect(admin.locator("main h1")).to_be_visible()
+        widths = admin.evaluate(WIDTHS)
+        assert widths["page"] <= PHONE["width"], (path, widths)
+        names = [name for name, _ in widths["nav"]]
+        assert {"Overview", "Runs", "Schedules", "Sign out"} <= set(names), (path, names)
+        assert all(right <= PHONE["width"] for _, right in widths["nav"]), (path, widths)
+    admin.goto(f"/ui/triggers/{trigger['id']}/log")
+    admin.get_by_role("link", name="request").first.click()
+    expect(admin.locator("#request-body")).to_be_visible()
+    assert admin.evaluate(WIDTHS)["page"] <= PHONE["width"]
+    admin.context.clear_cookies()
+    admin.goto("/ui/login")
+    assert admin.evaluate(WIDTHS)["page"] <= PHONE["width"]
+
+
+def test_redoc_loads_nothing_from_another_site(browser: Browser, api: ApiServer) -> None:
+    """ReDoc's script asks for its logo from a CDN; the page's policy stops the request
+    in the browser, so nothing leaves for another site and no answer comes from one."""
+    context = browser.new_context(base_url=api.url, viewport=VIEWPORT)  # type: ignore[arg-type]
+    tab = context.new_page()
+    answered: list[str] = []
+    blocked: list[str] = []
+    own = (api.url, "blob:", "data:")
+    tab.on("response", lambda r: None if r.url.startswith(own) else answered.append(r.url))
+    tab.on(
+        "requestfailed",
+        lambda r: None if r.url.startswith(own) else blocked.append(f"{r.url} {r.failure}"),
+    )
+    tab.goto("/redoc")
+    expect(tab.get_by_role("heading", name=re.compile("tidegate"))).to_be_visible()
+    expect(tab.get_by_text("API docs by Redocly")).to_be_visible()
+    context.close()
+    assert answered == []
+    assert blocked == ["https://cdn.redoc.ly/redoc/logo-mini.svg csp"]
 
 
 # -- screenshots for docs/dashboard.md ------------------------------------------------

@@ -15,15 +15,16 @@ import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 import psycopg
 import pytest
 
 from tests.conftest import wait_until
-from tests.http_fixtures import ADMIN_TOKEN, ApiServer, create_project, create_trigger
+from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import NewRun, Tidegate
+from tidegate.runs import BulkAction, RunState, bulk_runs
 from tidegate.schedules import create_schedule
 from tidegate.signatures import sign
 
@@ -214,15 +215,21 @@ async def test_a_missing_or_wrong_csrf_token_is_403_and_changes_nothing(
 # -- runs -------------------------------------------------------------------------------
 
 
-async def test_cancel_and_retry_change_the_run(
+async def test_cancel_and_retry_are_confirmed_then_change_the_run(
     app: Tidegate, sql: psycopg.Connection, sign_in: Any
 ) -> None:
     run = app.enqueue("noop", {"n": 1})
     browser = await sign_in(ADMIN_TOKEN)
     page = await browser.page(f"/ui/runs/{run.id}")
     assert '<dd id="run-state" data-state="available">available' in page
-    assert f'<form class="cancel" method="post" action="/ui/runs/{run.id}/cancel">' in page
+    assert f'<a class="button" href="/ui/runs/{run.id}/cancel">Cancel…</a>' in page
     assert 'class="retry"' not in page
+    confirm = await browser.page(f"/ui/runs/{run.id}/cancel")
+    assert f'<form class="confirm cancel" method="post" action="/ui/runs/{run.id}/cancel">' in (
+        confirm
+    )
+    assert run_state(sql, run.id) == ("available", "default")  # asking changes nothing
+    await browser.page(f"/ui/runs/{run.id}/retry", 409)
     assert f'hx-get="/ui/fragments/runs/{run.id}" hx-trigger="every 2s"' in page
     assert "&#34;n&#34;: 1" in page.split('<pre id="run-args">')[1]
 
@@ -231,8 +238,11 @@ async def test_cancel_and_retry_change_the_run(
     assert cancelled.headers["location"] == f"/ui/runs/{run.id}"
     assert run_state(sql, run.id) == ("cancelled", "default")
     page = await browser.page(f"/ui/runs/{run.id}")
-    assert f'<form class="retry" method="post" action="/ui/runs/{run.id}/retry">' in page
+    assert f'<a class="button" href="/ui/runs/{run.id}/retry">Retry…</a>' in page
     assert 'class="cancel"' not in page
+    confirm = await browser.page(f"/ui/runs/{run.id}/retry")
+    assert f'<form class="confirm retry" method="post" action="/ui/runs/{run.id}/retry">' in confirm
+    await browser.page(f"/ui/runs/{run.id}/cancel", 409)
     assert "hx-trigger" not in page.split('<div id="run-live"')[1].split(">")[0]  # finished
 
     retried = await browser.post(f"/ui/runs/{run.id}/retry")
@@ -300,7 +310,7 @@ async def test_the_run_list_pages_back_through_every_run_once(app: Tidegate, sig
     assert await walk("/ui/runs?state=running") == []
     row = cells(await browser.page("/ui/runs?lane=bulk"), "data-run", str(made[-1].id))
     assert '<td class="state" data-state="available">available</td>' in row
-    assert "record" in row and "k1" in row and "0/20" in row
+    assert "record" in row and "k1" in row and "0, 20 left" in row
     response = await browser.client.get("/ui/runs?state=nonsense")
     assert response.status_code == 422
 
@@ -680,7 +690,7 @@ async def test_the_keys_page_shows_policies_and_what_holds_each_key(
     assert figures("*") == ["", "2", "", "1", "", "", ""]
     assert figures("partner") == ["", "2", "", "1", "0", "4", "breaker"]
     assert re.search(
-        r'<td class="breaker">open until [^<]+</td>',
+        r'<td class="breaker">open until <time [^>]+>in [^<]+</time></td>',
         cells(page, 'data-lane="default" data-key', "partner"),
     )
     assert '<td class="breaker"></td>' in cells(page, 'data-lane="default" data-key', "free")
@@ -868,3 +878,243 @@ async def test_the_schedules_page_shows_timing_last_run_and_errors_and_a_project
     own = await (await sign_in(alpha["token"])).page("/ui/schedules")
     assert attribute_values(own, "data-project") == ["alpha"]
     assert "bravo-secret-schedule" not in own
+
+
+# -- the operator's console -------------------------------------------------------------
+
+HTML = {"Accept": "text/html,application/xhtml+xml"}
+"""What a browser's navigation sends."""
+
+
+async def test_the_run_list_has_state_tabs_with_counts_and_searches_by_key_and_args(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    made = app.enqueue_many(
+        [NewRun("ship", {"order": n, "shop": {"city": "north"}}, key=f"k{n % 2}") for n in range(6)]
+    )
+    sql.execute(
+        "UPDATE runs SET state = 'discarded', completed_at = now() WHERE id = %s", [made[0].id]
+    )
+    browser = await sign_in(ADMIN_TOKEN)
+
+    page = await browser.page("/ui/runs")
+    tabs = dict(re.findall(r'data-state="(\w+)"[^>]*>\w+ <span class="count">(\d+)', page))
+    assert tabs == {
+        "scheduled": "0",
+        "available": "5",
+        "pending": "0",
+        "running": "0",
+        "succeeded": "0",
+        "discarded": "1",
+        "cancelled": "0",
+    }  # one tab per state, in RunState's order
+    assert list(tabs) == [state.value for state in RunState]
+    # A tab keeps the search; the counts are those of the search.
+    page = await browser.page("/ui/runs?key=k0")
+    assert 'href="/ui/runs?key=k0&amp;state=discarded"' in page
+    tabs = dict(re.findall(r'data-state="(\w+)"[^>]*>\w+ <span class="count">(\d+)', page))
+    assert (tabs["available"], tabs["discarded"]) == ("2", "1")
+
+    found = await browser.page("/ui/runs?" + urlencode({"args": '{"order": 3}'}))
+    assert attribute_values(found, "data-run") == [str(made[3].id)]
+    nested = await browser.page(
+        "/ui/runs?" + urlencode({"args": '{"shop": {"city": "north"}}', "key": "k1"})
+    )
+    assert attribute_values(nested, "data-run") == [str(r.id) for r in reversed(made[1::2])]
+    for wrong in ("[1]", "not json", '{"a": "' + "x" * 1000 + '"}', '{"a":' * 9 + "1" + "}" * 9):
+        response = await browser.client.get("/ui/runs", params={"args": wrong})
+        assert response.status_code == 422, (wrong, response.text)
+
+
+async def test_the_runs_api_searches_by_key_and_args_within_bounds(
+    app: Tidegate, client: httpx.AsyncClient
+) -> None:
+    made = app.enqueue_many(
+        [NewRun("ship", {"order": n}, key=key) for n, key in enumerate(["a", "b", "a"])]
+    )
+    listed = await client.get("/runs", params={"key": "a", "args": '{"order": 2}'}, headers=ADMIN)
+    assert listed.status_code == 200, listed.text
+    assert [run["id"] for run in listed.json()] == [made[2].id]
+    by_key = await client.get("/runs", params={"key": "a"}, headers=ADMIN)
+    assert [run["id"] for run in by_key.json()] == [made[2].id, made[0].id]
+    for wrong in ("[1]", "{", "x" * 1001):
+        response = await client.get("/runs", params={"args": wrong}, headers=ADMIN)
+        assert response.status_code == 422, (wrong, response.text)
+
+
+async def test_a_breaker_that_holds_a_run_is_its_reason_and_attempts_left_are_told(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    held = app.enqueue("noop", key="partner")
+    retried = app.enqueue("noop", key="other")
+    sql.execute(
+        "INSERT INTO key_breakers (lane, key, state, opened_at, open_until)"
+        " VALUES ('default', 'partner', 'open', now(), now() + interval '10 minutes')"
+    )
+    # Two attempts made, one given back by Retry(): 20 allowed, 19 left.
+    sql.execute("UPDATE runs SET attempt = 2, max_attempts = 21 WHERE id = %s", [retried.id])
+
+    shown = (await client.get(f"/runs/{held.id}", headers=ADMIN)).json()
+    assert shown["reason"].startswith("key 'partner' has its circuit breaker open until")
+    listed = (await client.get("/runs", params={"key": "partner"}, headers=ADMIN)).json()
+    assert listed[0]["reason"] == shown["reason"]
+    browser = await sign_in(ADMIN_TOKEN)
+    page = await browser.page(f"/ui/runs/{held.id}")
+    assert "has its circuit breaker open until" in page.split('id="run-state"')[1].split("</dd>")[0]
+    page = await browser.page(f"/ui/runs/{retried.id}")
+    assert '<dd id="run-attempts">2, 19 left</dd>' in page
+    assert "2/21" not in page
+    row = cells(await browser.page("/ui/runs"), "data-run", str(retried.id))
+    assert '<td class="attempts">2, 19 left</td>' in row
+
+    sql.execute("UPDATE key_breakers SET state = 'closed', open_until = NULL")
+    assert (await client.get(f"/runs/{held.id}", headers=ADMIN)).json()["reason"] is None
+
+
+async def test_times_read_relative_with_the_utc_time_in_a_title(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    run = app.enqueue("noop")
+    sql.execute(
+        "UPDATE runs SET state = 'succeeded', attempt = 1,"
+        " attempted_at = '2026-01-01 10:00:00+00', completed_at = '2026-01-01 10:00:01.2+00',"
+        ' errors = \'[{"attempt": 1, "at": "2026-01-01T09:59:00+00:00", "error": "E"}]\''
+        " WHERE id = %s",
+        [run.id],
+    )
+    browser = await sign_in(ADMIN_TOKEN)
+    page = await browser.page(f"/ui/runs/{run.id}")
+    assert (
+        '<time datetime="2026-01-01T10:00:01.200000+00:00" title="2026-01-01 10:00:01 UTC">' in page
+    )
+    assert "took 1.2 s" in page
+    errors = page.split('<ol id="run-errors">')[1]
+    assert (
+        'title="2026-01-01 09:59:00 UTC">' in errors and "2026-01-01T09:59:00+00:00<" not in errors
+    )
+    future = app.enqueue("noop", delay=3600)
+    row = cells(await browser.page("/ui/runs"), "data-run", str(future.id))
+    assert re.search(r'<td class="due"><time [^>]+>in (59|60)\.\d min</time></td>', row), row
+
+
+async def test_a_project_session_has_no_workers_link_and_dashboard_errors_are_pages(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    project = await sign_in(_project_token(sql, "acme"))
+    admin = await sign_in(ADMIN_TOKEN)
+    assert 'href="/ui/workers"' not in await project.page("/ui/runs")
+    assert 'href="/ui/workers"' in await admin.page("/ui/runs")
+
+    for path in ("/ui/workers", "/ui/no-such-page", "/ui/runs/999999"):
+        page = await project.client.get(path, headers=HTML)
+        assert page.status_code == 404, path
+        assert page.headers["content-type"].startswith("text/html"), path
+        assert "<h1>404 Not Found</h1>" in page.text and "<nav>" in page.text, page.text
+        assert page.headers["content-security-policy"]  # the dashboard's headers, as ever
+        assert (await project.client.get(path)).headers["content-type"] == (
+            "application/problem+json"
+        )  # any other client gets the problem's JSON
+    invalid = await admin.client.get("/ui/runs/not-a-number", headers=HTML)
+    assert invalid.status_code == 422 and "<h1>422 Unprocessable" in invalid.text
+    run = app.enqueue("noop")
+    again = await admin.client.post(
+        f"/ui/runs/{run.id}/retry", data={"csrf_token": admin.csrf}, headers=HTML
+    )
+    assert again.status_code == 409 and "has not finished" in again.text
+
+
+async def test_pages_link_a_favicon_of_their_own_and_redoc_loads_nothing_from_elsewhere(
+    client: httpx.AsyncClient, sign_in: Any
+) -> None:
+    page = await (await sign_in(ADMIN_TOKEN)).page("/ui/")
+    assert '<link rel="icon" href="/ui/static/favicon.svg" type="image/svg+xml">' in page
+    icon = await client.get("/ui/static/favicon.svg")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    redoc = await client.get("/redoc")
+    assert redoc.status_code == 200
+    policy = redoc.headers["content-security-policy"]
+    assert "default-src 'self'" in policy and "img-src 'self' data:" in policy
+    assert "https://" not in redoc.text
+
+
+async def test_a_bulk_retry_and_cancel_act_on_what_the_list_shows_once_confirmed(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    project_token = _project_token(sql, "acme")
+    made = app.enqueue_many(
+        [NewRun("ship", {"order": n}, project="acme") for n in range(5)]
+        + [NewRun("ship", {"order": 9}, project="other")]
+    )
+    ids = [run.id for run in made]
+    sql.execute(
+        "UPDATE runs SET state = 'discarded', completed_at = now() WHERE id = ANY(%s)",
+        [[ids[0], ids[1], ids[5]]],
+    )
+    browser = await sign_in(project_token)
+    page = await browser.page("/ui/runs?state=discarded")
+    assert '<a class="button" href="/ui/bulk/retry?state=discarded">Retry 2 finished…</a>' in page
+    assert "/ui/bulk/cancel" not in page
+    confirm = await browser.page("/ui/bulk/retry?state=discarded")
+    assert '<strong id="bulk-matching">2</strong>' in confirm
+    none = await browser.page("/ui/bulk/retry?state=cancelled")  # the search's state only
+    assert '<strong id="bulk-matching">0</strong>' in none
+    assert run_state(sql, ids[0]) == ("discarded", "default")  # asking changes nothing
+
+    done = await browser.post("/ui/bulk/retry?state=discarded")
+    assert done.status_code == 200 and "Retried 2 runs" in done.text
+    assert [run_state(sql, i)[0] for i in ids] == ["available"] * 5 + ["discarded"]  # not B's
+    assert (await browser.post("/ui/bulk/retry?state=discarded")).text.count("Retried 0 runs")
+
+    cancelled = await browser.post("/ui/bulk/cancel?" + urlencode({"args": '{"order": 3}'}))
+    assert "Cancelled 1 runs" in cancelled.text
+    assert run_state(sql, ids[3])[0] == "cancelled"
+    refused = await browser.client.post("/ui/bulk/cancel", data={"csrf_token": "wrong"})
+    assert refused.status_code == 403
+    assert (await browser.client.get("/ui/bulk/delete")).status_code == 422
+
+
+async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    made = app.enqueue_many([NewRun("ship", {"n": n}, key="k") for n in range(8)])
+    ids = [run.id for run in made]
+    # Newest first, three a batch, at most seven: 3 + 3 + 1, and one left over.
+    done = app.execute(
+        bulk_runs(
+            BulkAction.CANCEL,
+            {
+                "project": None,
+                "lane": None,
+                "state": None,
+                "task": "ship",
+                "key": "k",
+                "args": None,
+            },
+            7,
+            available_channel=app.available_channel,
+            completed_channel=app.completed_channel,
+            batch=3,
+        )
+    )
+    assert (done.changed, done.more) == (7, True)
+    assert run_state(sql, ids[0])[0] == "available"
+    assert {run_state(sql, i)[0] for i in ids[1:]} == {"cancelled"}
+
+    retried = await client.post(
+        "/runs/retry-matching", json={"task": "ship", "state": "cancelled"}, headers=ADMIN
+    )
+    assert retried.json() == {"retried": 7, "more": False}, retried.text
+    assert {run_state(sql, i) for i in ids[1:]} == {("available", "default")}
+    cancelled = await client.post(
+        "/runs/cancel-matching", json={"args": {"n": 4}, "limit": 5}, headers=ADMIN
+    )
+    assert cancelled.json() == {"cancelled": 1, "more": False}
+    for wrong in ({"limit": 0}, {"limit": 100_001}, {"args": [1]}, {"ids": [1]}):
+        response = await client.post("/runs/retry-matching", json=wrong, headers=ADMIN)
+        assert response.status_code == 422, (wrong, response.text)
+    token = _project_token(sql, "acme")
+    other = {"Authorization": f"Bearer {token}"}
+    mine = await client.post("/runs/cancel-matching", json={}, headers=other)
+    assert mine.json() == {"cancelled": 0, "more": False}  # none of acme's: none changed
+    theirs = await client.post("/runs/cancel-matching", json={"project": "default"}, headers=other)
+    assert theirs.status_code == 403

@@ -69,6 +69,7 @@ from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import (
     Run,
     RunState,
+    args_filter,
     cancel_run,
     get_run,
     list_runs,
@@ -610,11 +611,22 @@ class Tidegate:
         state: str | None = None,
         task: str | None = None,
         key: str | None = None,
+        args: dict[str, Any] | None = None,
         limit: int = 50,
     ) -> list[Run]:
-        """Return the newest runs matching every filter given."""
+        """Return the newest runs matching every filter given; ``args``: runs whose args
+        contain this object (``{"order": 7}`` matches ``{"order": 7, "total": 3}``)."""
+        contained = None if args is None else args_filter(json.dumps(args))
         return self.execute(
-            list_runs(project=project, lane=lane, state=state, task=task, key=key, limit=limit)
+            list_runs(
+                project=project,
+                lane=lane,
+                state=state,
+                task=task,
+                key=key,
+                args=contained,
+                limit=limit,
+            )
         )
 
     def cancel(self, run_id: int) -> Run | None:

@@ -50,7 +50,17 @@ from tidegate.limits import (
     Bound,
 )
 from tidegate.logs import configure as configure_logging
-from tidegate.runs import Run, RunState, retry_runs
+from tidegate.runs import (
+    MAX_BULK_RUNS,
+    BulkAction,
+    Run,
+    RunState,
+    args_filter,
+    bulk_runs,
+    list_runs,
+    retry_runs,
+    with_holds,
+)
 from tidegate.settings import (
     DATABASE_POOLERS,
     DEFAULT_DATA_DIR,
@@ -365,16 +375,28 @@ class RunsCommands(click.Group):
 )
 @_command_option("--task", help="Only the runs of this task.")
 @_command_option(
+    "--args",
+    help="Only the runs whose args contain this JSON object, e.g. '{\"order\": 7}'.",
+)
+@_command_option(
     "--limit", type=click.IntRange(1, 10_000), default=20, help="The most runs listed."
 )
 @_command_option("--json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def runs(ctx: click.Context, /, json: bool, **filters: Any) -> None:
-    """List the newest runs; show, cancel or retry one (tidegate runs RUN_ID: show it)."""
+def runs(ctx: click.Context, /, json: bool, args: str | None, **filters: Any) -> None:
+    """List the newest runs; show, cancel or retry one (tidegate runs RUN_ID: show it), or
+    every run the filters match (tidegate runs --state discarded retry-matching)."""
+    try:
+        contained = None if args is None else args_filter(args)
+    except TidegateError as error:
+        raise click.BadParameter(str(error), param_hint="--args") from None
     if ctx.invoked_subcommand is not None:
+        filters.pop("limit")  # the list's; a bulk command has its own
+        ctx.obj["run_filters"] = {**filters, "args": contained}
         return
     with _open(ctx) as app:
-        found = app.list_runs(**filters)
+        found = app.execute(list_runs(**filters, args=contained))
+        found = app.execute(with_holds(found))
     if json:
         _echo([run.to_json() for run in found])
     else:
@@ -387,10 +409,10 @@ def runs(ctx: click.Context, /, json: bool, **filters: Any) -> None:
 def runs_show(ctx: click.Context, /, run_id: int) -> None:
     """Show run RUN_ID in full, as JSON."""
     with _open(ctx) as app:
-        run = app.get_run(run_id)
-    if run is None:
+        found = app.execute(with_holds([run] if (run := app.get_run(run_id)) else []))
+    if not found:
         raise Failure(f"no run {run_id}")
-    _echo(run.to_json())
+    _echo(found[0].to_json())
 
 
 @runs.command("cancel")
@@ -426,6 +448,55 @@ def runs_retry(ctx: click.Context, /, run_id: int) -> None:
     _echo(run.to_json())
 
 
+def _bulk(ctx: click.Context, action: BulkAction, limit: int) -> None:
+    """Retry or cancel what the group's filters match, and print what it did as JSON."""
+    with _open(ctx) as app:
+        done = app.execute(
+            bulk_runs(
+                action,
+                ctx.obj["run_filters"],
+                limit,
+                available_channel=app.available_channel,
+                completed_channel=app.completed_channel,
+            )
+        )
+    _echo(
+        {"retried" if action is BulkAction.RETRY else "cancelled": done.changed, "more": done.more}
+    )
+
+
+BULK_LIMIT = click.IntRange(1, MAX_BULK_RUNS)
+
+
+@runs.command("retry-matching")
+@_command_option(
+    "--limit",
+    type=BULK_LIMIT,
+    default=1000,
+    help="The most runs retried; 'more' says if any are left.",
+)
+@click.pass_context
+def runs_retry_matching(ctx: click.Context, /, limit: int) -> None:
+    """Run again, in the default lane, the finished runs the filters before it match
+    (tidegate runs --task T --state discarded retry-matching), newest first, in batches
+    that never hold a lock a claim waits for (as POST /runs/retry-matching)."""
+    _bulk(ctx, BulkAction.RETRY, limit)
+
+
+@runs.command("cancel-matching")
+@_command_option(
+    "--limit",
+    type=BULK_LIMIT,
+    default=1000,
+    help="The most runs cancelled; 'more' says if any are left.",
+)
+@click.pass_context
+def runs_cancel_matching(ctx: click.Context, /, limit: int) -> None:
+    """Cancel the unfinished runs the filters before it match, newest first, in batches
+    (as POST /runs/cancel-matching)."""
+    _bulk(ctx, BulkAction.CANCEL, limit)
+
+
 RUN_COLUMNS = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON")
 """The runs table; REASON, last, says why a run waits (most have none)."""
 
@@ -437,7 +508,7 @@ def _run_row(run: Run) -> tuple[str, ...]:
         run.lane,
         run.key,
         run.state,
-        f"{run.attempt}/{run.max_attempts}",
+        run.attempts,
         run.inserted_at.strftime("%Y-%m-%d %H:%M:%S"),
         run.reason or "",
     )

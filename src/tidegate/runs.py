@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextvars
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
@@ -23,11 +23,15 @@ from psycopg import AsyncCursor, Cursor
 from psycopg.rows import RowMaker
 
 from tidegate.errors import InputError
-from tidegate.limits import MAX_DELAY_SECONDS, check_json, check_number
+from tidegate.limits import MAX_DELAY_SECONDS, check_json, check_number, parse_json
 from tidegate.storage.sql import Statement, Steps
 
 MAX_PROGRESS_BYTES = 65_536
 """The largest progress event, as JSON."""
+MAX_ARGS_FILTER_CHARS = 1000
+"""The longest args filter of a run list (``args @> filter``), as JSON text."""
+MAX_ARGS_FILTER_DEPTH = 8
+"""How deep an args filter may nest: deeper than any search an operator types."""
 
 
 class RunState(StrEnum):
@@ -45,6 +49,31 @@ class RunState(StrEnum):
     @property
     def finished(self) -> bool:
         return self in (RunState.SUCCEEDED, RunState.DISCARDED, RunState.CANCELLED)
+
+
+def attempts_shown(attempt: int, max_attempts: int, state: RunState | str) -> str:
+    """A run's attempts as every surface shows them: ``2, 19 left`` (``2`` once finished).
+
+    What is left is ``max_attempts - attempt``, the attempts it may still make. A
+    ``Retry()``, a ``DownstreamFailing`` or a retry by hand gives an attempt back by
+    raising the stored ``max_attempts``, so ``attempt/max_attempts`` would read ``2/21``
+    for a run of 20 allowed; what is left stays true through every give-back.
+    """
+    if RunState(state).finished:
+        return str(attempt)
+    return f"{attempt}, {max(max_attempts - attempt, 0)} left"
+
+
+@dataclass(frozen=True)
+class Hold:
+    """What holds a ready run back besides its turn: its key's circuit breaker.
+
+    ``breaker`` as ``breaker_state`` names it (``open``, ``forced_open``, ``half_open``);
+    ``until``: when an open breaker's cooldown ends.
+    """
+
+    breaker: str
+    until: datetime | None
 
 
 @dataclass(frozen=True)
@@ -95,6 +124,9 @@ class Run:
     lane_paused: bool = field(default=False, compare=False)
     """Whether its lane is paused (``tidegate.lanes.pause_lane``), as ``get_run`` read it
     with the run; not stored, and False from any other read."""
+    hold: Hold | None = field(default=None, compare=False)
+    """The circuit breaker that holds the run, where a reader asked (``with_holds``).
+    Not stored: it is the key's, and changes without the run."""
 
     @property
     def fields(self) -> dict[str, str | int]:
@@ -116,7 +148,19 @@ class Run:
             return f"no live worker has task {self.task!r} for lane {self.lane!r}"
         if self.lane_paused and self.state is RunState.AVAILABLE:
             return f"lane {self.lane!r} is paused"
+        if self.hold is not None and self.state is RunState.AVAILABLE:
+            if self.hold.breaker == "forced_open":
+                return f"key {self.key!r} has its circuit breaker forced open in this lane"
+            if self.hold.breaker == "half_open":
+                return f"key {self.key!r} has its circuit breaker half-open: probe runs go first"
+            until = self.hold.until.isoformat(timespec="seconds") if self.hold.until else "?"
+            return f"key {self.key!r} has its circuit breaker open until {until}"
         return None
+
+    @property
+    def attempts(self) -> str:
+        """The attempts as every surface shows them (``attempts_shown``)."""
+        return attempts_shown(self.attempt, self.max_attempts, self.state)
 
     def progress(self, data: Any) -> None:
         """Report how far the handler has come: ``data`` (JSON, at most 64 KiB) becomes
@@ -168,15 +212,15 @@ class Run:
         data = {
             f.name: value.isoformat() if isinstance(value, datetime) else value
             for f in fields(self)
+            if f.name != "hold"
             for value in [getattr(self, f.name)]
         }
         data["reason"] = self.reason
         return data
 
 
-_NOT_STORED = ("duplicate", "lane_paused")
-_UNSTORED = {name: False for name in _NOT_STORED}
-"""What a run read from a row of ``runs`` alone has for the fields no column holds."""
+_NOT_STORED = {"duplicate": False, "lane_paused": False, "hold": None}
+"""The fields no column holds, and what a run read from a row of ``runs`` alone has."""
 _RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name not in _NOT_STORED)
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
 
@@ -190,7 +234,7 @@ def stored_run(values: dict[str, Any]) -> Run:
     once gives the same object, as frozen as before, in under 1 µs.
     """
     run = object.__new__(Run)
-    run.__dict__.update(_UNSTORED, **values)
+    run.__dict__.update(_NOT_STORED, **values)
     return run
 
 
@@ -217,7 +261,8 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
 
         return make
     names = [column.name for column in cursor.description or ()]
-    wanted = [(i, name) for i, name in enumerate(names) if name in _RUN_FIELDS + _NOT_STORED]
+    known = {*_RUN_FIELDS, *_NOT_STORED}
+    wanted = [(i, name) for i, name in enumerate(names) if name in known]
 
     def make_by_name(values: Sequence[Any]) -> Run:
         row = {name: values[i] for i, name in wanted}
@@ -253,6 +298,22 @@ def watched_run(run_id: int) -> Steps[Run | None]:
     return (yield from get_run(run_id))
 
 
+def args_filter(text: str) -> str:
+    """Return the args filter ``text`` of a run list as the JSON text SQL takes, checked.
+
+    A JSON object of at most ``MAX_ARGS_FILTER_CHARS`` characters, nested at most
+    ``MAX_ARGS_FILTER_DEPTH`` deep; a run matches when its args contain it (jsonb's
+    ``@>``: ``{"a": 1}`` matches ``{"a": 1, "b": 2}``). ``InputError`` says what is wrong.
+    """
+    what = "the args filter"
+    if len(text) > MAX_ARGS_FILTER_CHARS:
+        raise InputError(f"{what} is {len(text)} characters, over {MAX_ARGS_FILTER_CHARS}")
+    value = parse_json(text, what, MAX_ARGS_FILTER_DEPTH)
+    if not isinstance(value, dict):
+        raise InputError(f'{what} must be a JSON object, such as {{"order": 7}}, got {text!r}')
+    return json.dumps(value)
+
+
 def list_runs(
     *,
     project: str | None = None,
@@ -260,21 +321,45 @@ def list_runs(
     state: str | None = None,
     task: str | None = None,
     key: str | None = None,
+    args: str | None = None,
     limit: int = 50,
     before: int | None = None,
 ) -> Steps[list[Run]]:
     """Read the newest runs matching every filter given (``None``: any), older than the
-    run ``before`` when it is given (the last of the page before)."""
+    run ``before`` when it is given (the last of the page before). ``args``: a JSON
+    object the runs' args contain (``args_filter`` checks it)."""
     params = {
         "project": project,
         "lane": lane,
         "state": state,
         "task": task,
         "key": key,
+        "args": args,
         "limit": limit,
         "before": before,
     }
     return (yield Statement("list_runs", params, run_row))
+
+
+def with_holds(found: list[Run]) -> Steps[list[Run]]:
+    """Return ``found`` with the circuit breaker that holds each ready run, for the
+    readers that say why a run waits (``GET /runs``, the run's page, ``tidegate runs``).
+
+    One primary-key probe per (lane, key) of the ready runs; none when there are none.
+    """
+    ready = {(run.lane, run.key) for run in found if run.state is RunState.AVAILABLE}
+    if not ready:
+        return found
+    lanes, keys = zip(*ready, strict=True)
+    params = {"lanes": list(lanes), "keys": list(keys)}
+    rows = yield Statement("read_breaker_holds", params)
+    holds = {(lane, key): Hold(breaker, until) for lane, key, breaker, until in rows}
+    return [
+        replace(run, hold=holds[run.lane, run.key])
+        if run.state is RunState.AVAILABLE and (run.lane, run.key) in holds
+        else run
+        for run in found
+    ]
 
 
 def find_runs(ids: Sequence[int]) -> Steps[list[Run]]:
@@ -303,9 +388,83 @@ def cancel_run(run_id: int, *, completed_channel: str) -> Steps[Run | None]:
     cancelled, a sync one's outcome is not recorded (cancel_run.sql). The runs API, the
     dashboard's Cancel button and ``Tidegate.cancel`` run these same steps.
     """
-    params = {"id": run_id, "completed_channel": completed_channel}
-    rows = yield Statement("cancel_run", params, run_row)
-    return rows[0] if rows else None
+    cancelled = yield from cancel_runs([run_id], completed_channel=completed_channel)
+    return cancelled[0] if cancelled else None
+
+
+def cancel_runs(ids: Sequence[int], *, completed_channel: str) -> Steps[list[Run]]:
+    """Cancel the runs of ``ids`` that have not finished, and return them (``cancel_run``
+    for many: a bulk cancel's batch)."""
+    params = {"ids": list(ids), "completed_channel": completed_channel}
+    return (yield Statement("cancel_run", params, run_row))
+
+
+BULK_BATCH = 500
+"""Runs a bulk retry or cancel changes per statement: each batch is a statement (its own
+transaction) that locks its runs for milliseconds, and claims skip locked rows."""
+MAX_BULK_RUNS = 100_000
+"""The most runs one bulk retry or cancel changes; more are the next call's."""
+
+
+class BulkAction(StrEnum):
+    """What a bulk action does to the runs its filter matches, and which it can change."""
+
+    RETRY = "retry"
+    CANCEL = "cancel"
+
+    @property
+    def states(self) -> list[str]:
+        finished = [state.value for state in RunState if state.finished]
+        return (
+            finished
+            if self is BulkAction.RETRY
+            else [state.value for state in RunState if not state.finished]
+        )
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    """What a bulk retry or cancel did: how many runs it changed, and whether it stopped
+    at its limit with runs left that the filter matches (call again for them)."""
+
+    changed: int
+    more: bool
+
+
+def bulk_runs(
+    action: BulkAction,
+    filters: dict[str, Any],
+    limit: int,
+    *,
+    available_channel: str,
+    completed_channel: str,
+    batch: int = BULK_BATCH,
+) -> Steps[BulkResult]:
+    """Retry or cancel up to ``limit`` runs that match ``filters`` (``list_runs``' names:
+    project, lane, state, task, key, args), newest first, ``batch`` at a time.
+
+    For a connection in autocommit (every driver's), each statement is its own
+    transaction: a batch's runs are found without a lock, then changed by the action's
+    own statement (``retry_runs``: to the ``default`` lane, as a bulk retry goes;
+    ``cancel_runs``), which locks them only while it changes them and passes over any
+    that left the action's states meanwhile. No lock outlives a batch, and a claim skips
+    a locked row rather than wait for it: a bulk action never stalls the workers.
+    """
+    changed = 0
+    before: int | None = None
+    while changed < limit:
+        size = min(batch, limit - changed)
+        params = {**filters, "states": action.states, "before": before, "limit": size}
+        found = [row[0] for row in (yield Statement("find_matching_runs", params))]
+        if action is BulkAction.RETRY:
+            done = yield from retry_runs(found, "default", channel=available_channel)
+        else:
+            done = yield from cancel_runs(found, completed_channel=completed_channel)
+        changed += len(done)
+        if len(found) < size:
+            return BulkResult(changed, more=False)
+        before = found[-1]
+    return BulkResult(changed, more=True)
 
 
 REPLY_KEY = "$reply"

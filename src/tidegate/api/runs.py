@@ -50,6 +50,7 @@ from tidegate.limits import (
     LaneName,
     RunId,
     Text,
+    check_text,
 )
 from tidegate.projects import DEFAULT_PROJECT
 from tidegate.runs import Run, RunState
@@ -117,8 +118,11 @@ async def _visible(request: Request, caller: Caller, run_id: int) -> Run:
 
 @router.get("/{run_id}", responses={**A_RUN, **NOT_FOUND}, operation_id="getRun")
 async def get_run(run_id: RunIdPath, request: Request, caller: Authorized) -> JSONResponse:
-    """A run: state, lane, attempts, result, errors, timings."""
-    return JSONResponse(_shown(await _visible(request, caller, run_id), caller))
+    """A run: state, lane, attempts, result, errors, timings, and why it waits (``reason``:
+    no live worker has its task, or its key's circuit breaker holds it)."""
+    api: Api = request.app.state.api
+    found = await api.run(runs.with_holds([await _visible(request, caller, run_id)]))
+    return JSONResponse(_shown(found[0], caller))
 
 
 @router.get(
@@ -191,11 +195,25 @@ async def list_runs(
     ] = None,
     state: RunState | None = None,
     task: Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT_CHARS)] = None,
+    key: Annotated[str | None, Query(min_length=1, max_length=MAX_TEXT_CHARS)] = None,
+    args: Annotated[
+        str | None,
+        Query(
+            max_length=runs.MAX_ARGS_FILTER_CHARS,
+            description='runs whose args contain this JSON object (`args @> {"order": 7}`)',
+        ),
+    ] = None,
     limit: PageSize = 50,
     cursor: Cursor = None,
 ) -> JSONResponse:
     """The newest runs matching every filter given, a page at a time."""
     before = read_cursor(cursor, int)
+    try:
+        if key is not None:
+            check_text(key, "key")
+        contained = None if args is None else runs.args_filter(args)
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
     if not caller.admin:
         if project not in (None, caller.project):
             raise HTTPException(403, "a project token lists its own project's runs only")
@@ -206,11 +224,14 @@ async def list_runs(
             lane=lane,
             state=state.value if state else None,
             task=task,
+            key=key,
+            args=contained,
             limit=limit + 1,
             before=before[0] if before else None,
         )
     )
     shown, link = page(request, found, limit, lambda run: [run.id])
+    shown = await request.app.state.api.run(runs.with_holds(shown))
     return JSONResponse([_shown(run, caller) for run in shown], headers=link)
 
 
@@ -272,6 +293,71 @@ async def retry_runs(body: BulkRetry, request: Request, caller: Authorized) -> d
     channel = api.app.available_channel
     retried = await api.run(runs.retry_runs(ids, "default", channel=channel))
     return {"retried": sorted(run.id for run in retried)}
+
+
+class Matching(BaseModel):
+    """The runs a bulk retry or cancel acts on: the run list's filters, and how many."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    project: str | None = Field(None, pattern=f"^{IDENTIFIER.pattern}$", max_length=MAX_NAME_CHARS)
+    lane: str | None = Field(None, pattern=f"^{LANE_NAME.pattern}$", max_length=MAX_NAME_CHARS)
+    state: RunState | None = None
+    task: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
+    key: str | None = Field(None, min_length=1, max_length=MAX_TEXT_CHARS)
+    args: dict[str, Any] | None = Field(
+        None, description='runs whose args contain this object (`{"order": 7}`)'
+    )
+    limit: int = Field(1000, ge=1, le=runs.MAX_BULK_RUNS)
+
+
+async def _bulk(
+    action: runs.BulkAction, body: Matching, request: Request, caller: Caller
+) -> runs.BulkResult:
+    """Run a bulk action on the runs ``body`` matches, held to the caller's project."""
+    if not caller.admin:
+        if body.project not in (None, caller.project):
+            raise HTTPException(403, "a project token acts on its own project's runs only")
+        body = body.model_copy(update={"project": caller.project})
+    try:
+        for name in ("task", "key"):
+            if (value := getattr(body, name)) is not None:
+                check_text(value, name)
+        contained = None if body.args is None else runs.args_filter(json.dumps(body.args))
+    except InputError as error:
+        raise HTTPException(422, str(error)) from None
+    filters = {**body.model_dump(exclude={"limit"}), "args": contained}
+    api: Api = request.app.state.api
+    return await api.run(
+        runs.bulk_runs(
+            action,
+            filters,
+            body.limit,
+            available_channel=api.app.available_channel,
+            completed_channel=api.app.completed_channel,
+        )
+    )
+
+
+@router.post("/retry-matching", operation_id="retryMatchingRuns")
+async def retry_matching_runs(
+    body: Matching, request: Request, caller: Authorized
+) -> dict[str, Any]:
+    """Run again, in the ``default`` lane, up to ``limit`` finished runs that match the
+    filters, newest first, in batches that never hold a lock a claim waits for.
+    ``more``: it stopped at its limit, and more may match."""
+    done = await _bulk(runs.BulkAction.RETRY, body, request, caller)
+    return {"retried": done.changed, "more": done.more}
+
+
+@router.post("/cancel-matching", operation_id="cancelMatchingRuns")
+async def cancel_matching_runs(
+    body: Matching, request: Request, caller: Authorized
+) -> dict[str, Any]:
+    """Cancel up to ``limit`` unfinished runs that match the filters, newest first, in
+    batches (as ``retry-matching``); a running attempt learns it as a single cancel's does."""
+    done = await _bulk(runs.BulkAction.CANCEL, body, request, caller)
+    return {"cancelled": done.changed, "more": done.more}
 
 
 @router.post(

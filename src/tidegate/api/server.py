@@ -5,7 +5,7 @@ dashboard into the ASGI app of one API process.
 one instance per API process. Each process keeps a small async pool and one LISTEN
 connection for sync replies; nothing it holds in memory is needed by another process to
 be correct. The ``Guard`` middleware refuses what needs no route (docs/security.md),
-and ``/docs`` serves its assets from the package, so it works offline.
+and ``/docs`` and ``/redoc`` serve their assets from the package, so they work offline.
 
 This is the only module that imports the routers (and the dashboard's ``install``);
 nothing but ``tidegate serve`` and the tests imports it (tests/test_layout.py).
@@ -14,12 +14,14 @@ nothing but ``tidegate serve`` and the tests imports it (tests/test_layout.py).
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_redoc_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -37,6 +39,18 @@ from tidegate.api.kernel import (
 )
 from tidegate.settings import Settings
 from tidegate.ui import install as install_dashboard
+from tidegate.ui.templating import error_page
+
+REDOC = "/redoc"
+OFFLINE_DOCS = "/static-offline-docs"
+"""Where ``FastAPIOffline`` serves the docs' scripts, styles and icon from the package."""
+REDOC_POLICY = (
+    "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+    "worker-src 'self' blob:; frame-ancestors 'none'; base-uri 'none'"
+)
+"""What ``/redoc`` may load: the server's own files. ReDoc's script draws the Redocly
+logo from a CDN in its sidebar, whatever it is told; this policy stops that request
+before it leaves the browser (the image then hides itself). Its styles are inline."""
 
 
 def create_server(settings: Settings | None = None) -> FastAPI:
@@ -52,6 +66,7 @@ def create_server(settings: Settings | None = None) -> FastAPI:
             await api.stop()
 
     server = FastAPIOffline(
+        redoc_url=None,
         title="tidegate",
         summary="Webhook ingress with admission control, runs on PostgreSQL",
         version=__version__,
@@ -69,6 +84,21 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     install_dashboard(server)
     server.include_router(health.router)
 
+    @server.get(REDOC, include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        """The API's reference (ReDoc), from the package's own files, with a policy that
+        keeps it from loading anything from another site (``REDOC_POLICY``)."""
+        root = request.scope.get("root_path", "")
+        page = get_redoc_html(
+            openapi_url=f"{root}{server.openapi_url}",
+            title="tidegate - ReDoc",
+            redoc_js_url=f"{root}{OFFLINE_DOCS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{OFFLINE_DOCS}/favicon.png",
+            with_google_fonts=False,
+        )
+        page.headers["Content-Security-Policy"] = REDOC_POLICY
+        return page
+
     @server.exception_handler(psycopg.Error)
     async def database_error(request: Request, error: psycopg.Error) -> JSONResponse:
         return database_problem(error, request.method, request.url.path)
@@ -78,12 +108,18 @@ def create_server(settings: Settings | None = None) -> FastAPI:
         return client_gone(request.method, request.url.path)
 
     @server.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        page = error_page(request, error.status_code, str(error.detail))
+        if page is not None:
+            page.headers.update(error.headers or {})
+            return page
         return problem(error.status_code, str(error.detail), dict(error.headers or {}))
 
     @server.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
-        return validation_problem(error)
+    async def invalid_request(request: Request, error: RequestValidationError) -> Response:
+        answer = validation_problem(error)
+        page = error_page(request, answer.status_code, json.loads(bytes(answer.body))["detail"])
+        return answer if page is None else page
 
     return server
 

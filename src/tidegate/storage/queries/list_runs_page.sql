@@ -5,7 +5,8 @@
 -- the claim's indexes, the others through the index their filter needs (runs_project
 -- holds neither: see schema.sql); each part is read only where the state filter lets it
 -- have rows. Which index serves each filter, and what a page costs at 1,000,000 runs:
--- docs/dashboard.md.
+-- docs/dashboard.md. The args filter (containment, @>) has no index of its own: it sifts
+-- the rows the other filters' index reads, newest first, until the page is full.
 SELECT * FROM (
     (SELECT id, state, task, lane, key, project, attempt, max_attempts,
             inserted_at, scheduled_at, attempted_at, completed_at
@@ -15,6 +16,7 @@ SELECT * FROM (
        AND (%(state)s::run_state IS NULL OR state = %(state)s::run_state)
        AND (%(task)s::text IS NULL OR task = %(task)s)
        AND (%(key)s::text IS NULL OR key = %(key)s)
+       AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
        AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state NOT IN ('available', 'running')
        AND coalesce(%(state)s::run_state NOT IN ('available', 'running'), true)
@@ -28,6 +30,7 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
        AND (%(key)s::text IS NULL OR key = %(key)s)
+       AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
        AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state = 'running' AND coalesce(%(state)s::run_state = 'running', true)
      ORDER BY id DESC
@@ -40,6 +43,7 @@ SELECT * FROM (
        AND (%(lane)s::text IS NULL OR lane = %(lane)s)
        AND (%(task)s::text IS NULL OR task = %(task)s)
        AND (%(key)s::text IS NULL OR key = %(key)s)
+       AND (%(args)s::jsonb IS NULL OR args @> %(args)s::jsonb)
        AND (%(before)s::bigint IS NULL OR id < %(before)s)
        AND state = 'available' AND coalesce(%(state)s::run_state = 'available', true)
      ORDER BY id DESC

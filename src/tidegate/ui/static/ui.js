@@ -17,6 +17,10 @@
                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#637939"];
   var charts = {};
 
+  function utcMinute(seconds) {
+    return new Date(seconds * 1000).toISOString().slice(11, 16);
+  }
+
   function draw(id, data, minutes) {
     var element = document.getElementById(id);
     if (!element) {
@@ -41,14 +45,17 @@
       chart.plot.destroy();
     }
     element.textContent = "";
-    var series = [{}].concat(data.series.map(function (name, i) {
+    var series = [{ value: function (u, v) { return v == null ? "" : utcMinute(v) + " UTC"; } }].concat(data.series.map(function (name, i) {
       return { label: name, stroke: PALETTE[i % PALETTE.length], width: 1.5 };
     }));
     var plot = new uPlot({
       width: Math.max(element.clientWidth, 300),
       height: 220,
       series: series,
-      axes: [{}, { label: "per minute" }],
+      // Times as every page shows them: UTC, 24-hour (the axis says so).
+      tzDate: function (ts) { return uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"); },
+      axes: [{ label: "UTC", values: function (u, splits) { return splits.map(utcMinute); } },
+             { label: "per minute" }],
       scales: { y: { range: function (u, min, max) { return [0, Math.max(1, max)]; } } },
     }, columns, element);
     charts[id] = { plot: plot, names: names, destroy: function () { plot.destroy(); } };
