@@ -16,7 +16,7 @@ from tests.test_claim_plan import plan_nodes
 from tidegate import Tidegate
 from tidegate.storage.sql import query
 
-NO_FILTER = dict.fromkeys(("project", "lane", "state", "task", "key", "before"))
+NO_FILTER = dict.fromkeys(("project", "lane", "state", "task", "key", "args", "before"))
 
 
 def plan(sql: psycopg.Connection, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:

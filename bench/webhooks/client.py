@@ -42,8 +42,16 @@ class Reply:
         return (self.done - self.sent) * 1000
 
 
+KEEPALIVE_SECONDS = 2.0
+"""How long an idle connection is reused: well inside uvicorn's 5 s keep-alive, or a
+request sent as the server closes the connection fails (a ReadError after a client
+slept a Retry-After of about 5 s)."""
+
+
 def new_client(base: str, **options: Any) -> httpx.AsyncClient:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=None, keepalive_expiry=KEEPALIVE_SECONDS
+    )
     return httpx.AsyncClient(base_url=base, limits=limits, timeout=HTTP_TIMEOUT_SECONDS, **options)
 
 
