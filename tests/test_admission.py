@@ -267,7 +267,7 @@ async def test_ingest_rate_admits_the_burst_then_asks_to_wait(
     rejected = [r for r in responses if r.status_code == 429]
     assert len(admitted) + len(rejected) == 10, [r.status_code for r in responses]
     # 2 at once, then one every 0.5 s: more only if the burst itself took that long.
-    assert 2 <= len(admitted) <= 2 + int(elapsed * 2), elapsed
+    assert 2 <= len(admitted) <= 2 + int(elapsed * 2), (elapsed, [r.status_code for r in responses])
     for response in admitted:
         assert response.headers["ratelimit-policy"] == '"ingest";q=2;qu="requests"'
         assert response.headers["ratelimit-limit"] == "2"

@@ -125,6 +125,19 @@ async def test_adrain_works_from_async_tests(tidegate_app: Tidegate, harness: Ha
     assert (run.state, run.result) == (RunState.SUCCEEDED, "hello a")
 
 
+def test_drain_fails_a_test_whose_runs_never_end_instead_of_hanging_it(
+    tidegate_app: Tidegate, harness: Harness
+) -> None:
+    @tidegate_app.task
+    def again(n: int) -> None:
+        tidegate_app.enqueue(again, {"n": n + 1})  # for ever
+
+    tidegate_app.enqueue(again, {"n": 0})
+    with pytest.raises(TimeoutError, match=r"drain: runs still due after 1\.0 s"):
+        harness.drain(timeout=1.0)
+    assert len(tidegate_app.list_runs(state=RunState.SUCCEEDED)) > 1  # it did work them
+
+
 def test_drain_raises_what_stops_its_worker(database_url: str, schema: str) -> None:
     app = Tidegate(database_url, schema=schema)  # never migrated
     with pytest.raises(SchemaError, match="run `tidegate migrate`"):

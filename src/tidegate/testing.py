@@ -49,6 +49,8 @@ DRAIN_SETTINGS: dict[str, Any] = {
 """The worker ``drain`` runs: one slot taking every lane, so runs execute one at a time
 in claim order; a retry that comes due at once (``Retry()``) is staged within 20 ms."""
 DRAIN_CHECK_SECONDS = 0.01
+DRAIN_TIMEOUT_SECONDS = 60.0
+"""How long ``drain`` works before it fails the test: far past any test's runs."""
 """How often ``drain`` asks the database whether a run is left to do."""
 
 
@@ -128,13 +130,13 @@ class Harness:
             )
         return found[0]
 
-    def drain(self) -> list[Run]:
+    def drain(self, timeout: float | None = DRAIN_TIMEOUT_SECONDS) -> list[Run]:
         """Run every due run of the app's tasks in-process until none is left, and
         return the runs it worked, as they stand after (``state``, ``result``,
         ``errors``), in id order. Not from a running event loop: await ``adrain``."""
-        return asyncio.run(self.adrain())
+        return asyncio.run(self.adrain(timeout))
 
-    async def adrain(self) -> list[Run]:
+    async def adrain(self, timeout: float | None = DRAIN_TIMEOUT_SECONDS) -> list[Run]:
         """Async form of ``drain``.
 
         A worker of this app (``DRAIN_SETTINGS``) claims, executes and completes runs as
@@ -142,21 +144,32 @@ class Harness:
         its tasks is ready, pending, running, or scheduled and due, and every outcome
         is written. A run scheduled for later (a retry's backoff, ``delay=``), or of a
         paused lane (``Tidegate.pause_lane``), is left as it is.
+
+        Raises ``TimeoutError`` when runs are still due after ``timeout`` seconds
+        (``None``: no bound): a handler that never returns, or runs that enqueue runs
+        for ever, fail the test instead of hanging it.
         """
         worker = Worker(self.app, self.app.settings.replace(**DRAIN_SETTINGS))
         stop = asyncio.Event()
         running = asyncio.create_task(worker.run(stop), name="tidegate.drain")
+        left = None
         try:
-            await _unless_stopped(worker.started, running)
-            tasks = {"tasks": list(worker.tasks)}
-            while True:
-                await _unless_stopped(worker.completer.settled, running)
-                [(left,)] = await fetch(worker.pool, "count_due_runs", tasks)
-                if left == 0 and worker.completer.settled.is_set():
-                    break
-                await asyncio.sleep(DRAIN_CHECK_SECONDS)
+            async with asyncio.timeout(timeout):
+                await _unless_stopped(worker.started, running)
+                tasks = {"tasks": list(worker.tasks)}
+                while True:
+                    await _unless_stopped(worker.completer.settled, running)
+                    [(left,)] = await fetch(worker.pool, "count_due_runs", tasks)
+                    if left == 0 and worker.completer.settled.is_set():
+                        break
+                    await asyncio.sleep(DRAIN_CHECK_SECONDS)
             async with worker.pool.connection() as conn:
                 return await adrive(conn, _find_by_worker(worker.id))
+        except TimeoutError:
+            raise TimeoutError(
+                f"drain: runs still due after {timeout} s ({left} at the last count): "
+                "a handler that does not return, or runs that enqueue more for ever?"
+            ) from None
         finally:
             stop.set()
             await running

@@ -95,6 +95,7 @@ DECLARE
     proj projects%ROWTYPE;
     emission float8;
     tat timestamptz;
+    decided timestamptz;
     cap integer;
     inflight integer;
     free_slots bigint;
@@ -157,13 +158,19 @@ BEGIN
     IF proj.ingest_rate IS NOT NULL THEN
         -- The row lock serializes the project's admissions while the rate is decided;
         -- the new arrival time is written only if the request is admitted, so a
-        -- rejection spends nothing.
+        -- rejection spends nothing. Time is read once the lock is held: now() is when
+        -- the transaction began, and one that began first but got the lock second would
+        -- find the arrival time its successor wrote in its future, and be refused with
+        -- room left (a burst of 2 admitted 1, one time in eight).
         emission := 1.0 / proj.ingest_rate;
-        SELECT greatest(coalesce(projects.ingest_tat, now()), now()) INTO tat
-        FROM projects WHERE id = p_project FOR UPDATE;
+        PERFORM FROM projects WHERE id = p_project FOR UPDATE;
+        decided := clock_timestamp();
+        SELECT greatest(coalesce(projects.ingest_tat, decided), decided) INTO tat
+        FROM projects WHERE id = p_project;
         -- Room: the admissions the rate allows now, up to the burst.
         room := least(proj.ingest_burst, greatest(0, floor(
-            (extract(epoch FROM now() - tat)::float8 + proj.ingest_burst * emission) / emission
+            (extract(epoch FROM decided - tat)::float8 + proj.ingest_burst * emission)
+            / emission
         )::integer));
         SELECT * INTO line FROM places_ahead(p_project, 'ingest', '', p_ticket, room);
         IF room <= line.ahead THEN
@@ -178,7 +185,8 @@ BEGIN
         END IF;
         tat := tat + make_interval(secs => emission);
         ingest_remaining := greatest(0, floor(
-            (proj.ingest_burst * emission - extract(epoch FROM tat - now())::float8) / emission
+            (proj.ingest_burst * emission - extract(epoch FROM tat - decided)::float8)
+            / emission
         )::integer);
     END IF;
 
