@@ -308,23 +308,29 @@ BEGIN
 
     -- The sender's trace context, where it sent one (W3C Trace Context headers, kept
     -- with the request): the run's execution span links to it (tidegate.tracing).
+    IF p_unique_key IS NULL THEN
+        -- No ON CONFLICT: it would insert every run speculatively, a second WAL record
+        -- per row, for the rows runs_unique never holds (insert_runs.sql measured it).
+        INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
+                          trace_context)
+        VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
+                p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers))
+        RETURNING id INTO new_run;
+    END IF;
     -- A unique key another admission or enqueue took since the look above (its insert
     -- waited for that transaction to end) inserts nothing: its holder answers, and the
     -- rate and the waiting place are not spent. A holder gone from its states by then
     -- (finished, cancelled) frees the key: the loop inserts again.
-    LOOP
+    WHILE new_run IS NULL LOOP
         INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
                           trace_context, unique_key, unique_states)
         VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
-                p_max_attempts, next_vtime(p_lane, p_key),
-                CASE WHEN p_headers ? 'traceparent' THEN jsonb_strip_nulls(jsonb_build_object(
-                    'traceparent', p_headers->'traceparent', 'tracestate', p_headers->'tracestate'
-                )) END,
+                p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers),
                 p_unique_key, p_unique_states)
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
         DO NOTHING
         RETURNING id INTO new_run;
-        EXIT WHEN new_run IS NOT NULL;
+        CONTINUE WHEN new_run IS NOT NULL;
         SELECT r.id INTO first_run FROM runs r
         WHERE r.unique_key = p_unique_key AND r.state = ANY (r.unique_states);
         IF FOUND THEN
