@@ -64,6 +64,8 @@ def admission(trigger: dict[str, Any], key: str) -> dict[str, Any]:
         "place_grace": 2.0,
         "max_places": 10_000,
         "default_max_attempts": 20,
+        "unique_key": None,
+        "unique_states": None,
     }
 
 

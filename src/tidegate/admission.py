@@ -120,7 +120,7 @@ class Refusal:
 
 class Verdict(StrEnum):
     """What ``admit_webhook`` decided, in the order it checks (admit_webhook.sql says why
-    each); ``refusal`` is ``None`` for the two that answer with a run."""
+    each); ``refusal`` is ``None`` for the three that answer with a run."""
 
     refusal: Refusal | None
 
@@ -135,6 +135,7 @@ class Verdict(StrEnum):
         "key_reused",
         Refusal(422, "idempotency key {idempotency_key!r} was first sent with another body"),
     )
+    DUPLICATE = "duplicate"
     RATE_LIMITED = (
         "rate_limited",
         Refusal(429, "the project's ingest rate is exceeded", placed, "ingest"),

@@ -74,6 +74,7 @@ from tidegate.storage.embedded import embedded_status, find_data_dir
 from tidegate.storage.migrate import check_schema, latest_version, schema_version
 from tidegate.storage.sql import Steps
 from tidegate.tasks import find_tasks, list_tasks
+from tidegate.unique import DEFAULT_STATES
 
 FC = TypeVar("FC", bound=Callable[..., Any] | click.Command)
 log = logging.getLogger("tidegate")
@@ -664,8 +665,33 @@ _trigger_numbers = _bounded_options(
     {
         "max_body_bytes": "The most a webhook's body, with the headers kept, may be.",
         "sync_timeout_seconds": "How long a sync caller waits for its run's result.",
+        "unique_period": "Seconds: webhooks alike within a window of this many make one run, "
+        "and the others are answered with it.",
     },
 )
+
+
+def _unique_options(function: FC) -> FC:
+    """The options that say how a trigger's webhooks are alike (with --unique-period)."""
+    function = _command_option(
+        "--unique-states",
+        callback=_names,
+        help="The states a run holds its key in, comma-separated; a trigger without them: "
+        f"{','.join(DEFAULT_STATES)}.",
+    )(function)
+    return _command_option(
+        "--unique-args",
+        callback=_names,
+        help="The fields of the body that make webhooks alike, comma-separated ('' for "
+        "none: one run per window); a trigger without them: the whole body.",
+    )(function)
+
+
+def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    """A comma-separated list of names ('': none); ``None`` when the option is not given."""
+    if value is None:
+        return None
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _admin(ctx: click.Context, steps: Any) -> Any:
@@ -769,6 +795,7 @@ def _show_trigger(ctx: click.Context, steps: Steps[dict[str, Any]]) -> None:
 @_command_option("--task", required=True, help="The task each webhook runs.")
 @_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
 @_trigger_numbers
+@_unique_options
 @click.pass_context
 def triggers_create(
     ctx: click.Context, /, project_id: str, name: str, mode: str, task: str, **options: Any
@@ -787,17 +814,29 @@ def triggers_create(
 @_command_option("--task", help="The task each webhook runs.")
 @_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
 @_trigger_numbers
+@_unique_options
+@_command_option(
+    "--no-unique",
+    is_flag=True,
+    help="Each webhook makes its own run again (clears --unique-period and the rest).",
+)
 @_command_option(
     "--enabled/--disabled",
     default=None,
     help="A disabled trigger answers 404, as if it did not exist.",
 )
 @click.pass_context
-def triggers_update(ctx: click.Context, /, trigger_id: int, **changes: Any) -> None:
+def triggers_update(
+    ctx: click.Context, /, trigger_id: int, no_unique: bool, **changes: Any
+) -> None:
     """Change trigger TRIGGER_ID; prints it, and warns when no live worker has its task."""
     from tidegate.projects import update_trigger
 
     given = {k: v for k, v in changes.items() if v is not None}
+    if no_unique:
+        if {"unique_period", "unique_args", "unique_states"} & set(given):
+            raise click.UsageError("--no-unique clears the unique options: give none of them")
+        given["unique_period"] = None
     _show_trigger(ctx, update_trigger(trigger_id, **given))
 
 

@@ -236,10 +236,14 @@ PROJECT_BOUNDS: Bounds = {
     "backlog_cap": COUNT,
 }
 """A project's limits (tidegate.projects; the CHECKs projects_*_range)."""
+UNIQUE_PERIOD = Bound(1, MAX_DELAY_SECONDS)
+"""A unique run's period (tidegate.unique): a run enqueued with a unique option, and a
+trigger's unique webhooks."""
 TRIGGER_BOUNDS: Bounds = {
     "max_body_bytes": Bound(1, MAX_BODY_BYTES, whole=True),
     "sync_timeout_seconds": Bound(0.001, 3600.0),
     "forward_timeout_seconds": Bound(0.001, 300.0),
+    "unique_period": UNIQUE_PERIOD,
 }
 """A trigger's numbers (tidegate.projects; the CHECKs triggers_*_range)."""
 POLICY_BOUNDS: Bounds = {

@@ -32,8 +32,10 @@ from tidegate.limits import (
     check_numbers,
     check_text,
 )
+from tidegate.runs import read_states
 from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
+from tidegate.unique import Unique
 
 DEFAULT_PROJECT = "default"
 PROJECT_LIMITS = tuple(PROJECT_BOUNDS)
@@ -51,7 +53,13 @@ TRIGGER_FIELDS = (
     "forward_timeout_seconds",
     "forward_secret",
     "breaker_key",
+    "unique_period",
+    "unique_args",
+    "unique_states",
 )
+MAX_UNIQUE_ARGS = 32
+"""The most fields of a body a unique trigger's webhooks are alike by (the CHECK
+triggers_unique_args_range)."""
 
 
 class AdminError(InputError):
@@ -211,6 +219,9 @@ def update_trigger(
     changes = _check_trigger(changes)
     if changes.get("forward_url") is not None:
         yield from check_no_loop(changes["forward_url"], own_addresses)
+    if "unique_period" in changes and changes["unique_period"] is None:
+        # Not unique any more: what said how goes too (triggers_unique_needs_period).
+        changes.update(unique_args=None, unique_states=None)
     patch = {name: value for name, value in changes.items() if name in TRIGGER_FIELDS}
     rows = yield Statement(
         "update_trigger", {"id": trigger_id, "patch": json.dumps(patch)}, dict_row
@@ -281,6 +292,8 @@ def shown_trigger(row: dict[str, Any]) -> dict[str, Any]:
     shown["forward_secret_set"] = shown.pop("forward_secret", None) is not None
     if shown.get("forward_url") is not None and shown.get("breaker_key") is None:
         shown["breaker_key"] = forward.breaker_key_of(shown["forward_url"])
+    if shown.get("unique_states") is not None:
+        shown["unique_states"] = list(read_states(shown["unique_states"]))
     return shown
 
 
@@ -305,6 +318,8 @@ def domain_error(error: psycopg.Error) -> TidegateError:
             f"forward_timeout_seconds must be {TRIGGER_BOUNDS['forward_timeout_seconds']}"
         ),
         "triggers_breaker_key_range": "breaker_key must be 1 to 255 characters",
+        "triggers_unique_args_range": f"unique_args holds at most {MAX_UNIQUE_ARGS} names",
+        "triggers_unique_needs_period": "unique_args and unique_states need a unique_period",
         "schedules_name_unique": "a schedule with this name exists already in this project",
         "worker_tokens_pkey": "a worker token with this name exists already",
     }
@@ -343,6 +358,30 @@ def _check_limits(limits: dict[str, Any]) -> dict[str, Any]:
         raise AdminError(str(error)) from None
 
 
+def _check_unique(fields: dict[str, Any]) -> dict[str, Any]:
+    """Return the unique fields among ``fields`` checked, as ``Unique.checked`` checks an
+    enqueue's option: the states in their canonical order, each name of the body once."""
+    checked: dict[str, Any] = {}
+    names = fields.get("unique_args")
+    if names is not None:
+        if (
+            isinstance(names, str)
+            or not isinstance(names, list | tuple)
+            or len(names) > MAX_UNIQUE_ARGS
+        ):
+            raise InputError(f"unique_args must be a list of at most {MAX_UNIQUE_ARGS} names")
+        for name in names:
+            check_text(name, "a name of unique_args")
+        checked["unique_args"] = sorted(set(names))
+    states = fields.get("unique_states")
+    if states is not None:
+        if isinstance(states, str) or not isinstance(states, list | tuple):
+            raise InputError(f"unique_states must be a list of run states, got {states!r}")
+        option = Unique(states=states)
+        checked["unique_states"] = [str(state) for state in option.checked().states]
+    return checked
+
+
 def _check_trigger(fields: dict[str, Any]) -> dict[str, Any]:
     """Return the trigger's fields checked against their bounds."""
     unknown = set(fields) - set(TRIGGER_FIELDS)
@@ -376,6 +415,7 @@ def _check_trigger(fields: dict[str, Any]) -> dict[str, Any]:
             checked["forward_headers"] = forward.check_header_names(fields["forward_headers"])
         if fields.get("breaker_key") is not None:
             check_text(fields["breaker_key"], "breaker_key")
+        checked.update(_check_unique(fields))
         numbers = {name: fields[name] for name in TRIGGER_BOUNDS if name in fields}
         checked.update(check_numbers(numbers, TRIGGER_BOUNDS))
     except (InputError, ValueError) as error:

@@ -256,7 +256,7 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
             row = dict(zip(_RUN_FIELDS, values, strict=True))
             row["state"] = RunState(row["state"])
             if row["unique_states"] is not None:
-                row["unique_states"] = _states(row["unique_states"])
+                row["unique_states"] = read_states(row["unique_states"])
             return stored_run(row)
 
         return make
@@ -268,13 +268,13 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
         row = {name: values[i] for i, name in wanted}
         row["state"] = RunState(row["state"])
         if row.get("unique_states") is not None:
-            row["unique_states"] = _states(row["unique_states"])
+            row["unique_states"] = read_states(row["unique_states"])
         return Run(**row)
 
     return make_by_name
 
 
-def _states(array: str) -> tuple[RunState, ...]:
+def read_states(array: str) -> tuple[RunState, ...]:
     """Read a ``run_state[]`` as PostgreSQL writes it (``{available,running}``): psycopg
     has no loader for the enum's array, and the labels need no quoting."""
     return tuple(RunState(label) for label in array.strip("{}").split(","))

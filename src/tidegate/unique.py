@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tidegate.errors import InputError
-from tidegate.limits import MAX_DELAY_SECONDS
+from tidegate.limits import UNIQUE_PERIOD
 from tidegate.runs import RunState
 
 BY_FIELDS = ("args", "key", "lane")
@@ -69,13 +69,9 @@ class Unique:
         period = self.period
         if isinstance(period, timedelta):
             period = period.total_seconds()
-        if period is not None and (
-            isinstance(period, bool)
-            or not isinstance(period, int | float)
-            or not 1 <= period <= MAX_DELAY_SECONDS
-        ):
+        if period is not None and period not in UNIQUE_PERIOD:
             raise InputError(
-                f"unique period must be 1 to {MAX_DELAY_SECONDS:.0f} seconds or None, "
+                f"unique period must be 1 to {UNIQUE_PERIOD.high:.0f} seconds or None, "
                 f"got {self.period!r}"
             )
         if isinstance(self.by, str) or not set(self.by) <= set(BY_FIELDS):

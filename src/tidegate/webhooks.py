@@ -24,12 +24,17 @@ from tidegate.forward import breaker_key_of
 from tidegate.limits import check_text, parse_json
 from tidegate.signatures import MisconfiguredSecret, SignatureError, verify
 from tidegate.storage.sql import Statement, Steps
+from tidegate.unique import DEFAULT_STATES, Unique
 
 SF_STRING = re.compile(r'"((?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*)"')
 """A structured-field string (RFC 8941): what the IETF idempotency-key draft sends as
 ``Idempotency-Key``, in quotes, ``\\`` and ``\"`` escaped."""
 
-REPLAYABLE: frozenset[Outcome] = REFUSALS | {Verdict.REPLAYED, Unjudged.UNAVAILABLE}
+REPLAYABLE: frozenset[Outcome] = REFUSALS | {
+    Verdict.REPLAYED,
+    Verdict.DUPLICATE,
+    Unjudged.UNAVAILABLE,
+}
 """The outcomes of logged requests that a replay may turn into a run: those refused (or
 answered with an earlier run) after ``validate`` passed them. A request refused for its
 own content (its signature, its body, its content type) is refused again, never run."""
@@ -50,6 +55,40 @@ class Trigger:
     enabled: bool
     forward_url: str | None = None
     breaker_key: str | None = None
+    unique_period: float | None = None
+    """Seconds: webhooks alike within a window of this many make one run; ``None``: each
+    admitted webhook makes its own."""
+    unique_args: tuple[str, ...] | None = None
+    """The fields of the body that make webhooks alike; ``None``: the whole body."""
+    unique_states: tuple[str, ...] | None = None
+    """The states a run holds its key in; ``None``: ``tidegate.unique``'s default."""
+
+    @property
+    def unique(self) -> Unique | None:
+        """The trigger's unique option, as an enqueue would give it; ``None``: none."""
+        if self.unique_period is None:
+            return None
+        states = DEFAULT_STATES if self.unique_states is None else self.unique_states
+        return Unique(self.unique_period, ("args",), None, states).checked()
+
+    def unique_key(self, unique: Unique, payload: Any) -> str:
+        """The unique key of the run a webhook with this body makes: the library's own
+        (``Unique.key``) over that run, its args the trigger's name and the body, or only
+        the fields of it ``unique_args`` names (a body that is not an object has none).
+        The headers, which change with every delivery, never count; neither does the
+        lane, so a trigger whose mode changes keeps its keys."""
+        body = payload
+        if self.unique_args is not None:
+            fields = payload if isinstance(payload, dict) else {}
+            body = {name: fields[name] for name in self.unique_args if name in fields}
+        run = {
+            "project": self.project,
+            "task": self.task,
+            "args": {"body": body, "trigger": self.name},
+            "key": self.run_key,
+            "scheduled_at": None,
+        }
+        return unique.key(run)
 
     @property
     def run_key(self) -> str:
@@ -64,7 +103,12 @@ class Trigger:
 def find_trigger(token: str) -> Steps[Trigger | None]:
     """The trigger whose URL carries ``token``, enabled or not; ``None`` if none does."""
     rows = yield Statement("find_trigger", {"token": token}, dict_row)
-    return Trigger(**rows[0]) if rows else None
+    if not rows:
+        return None
+    row = rows[0]
+    for name in ("unique_args", "unique_states"):
+        row[name] = None if row[name] is None else tuple(row[name])
+    return Trigger(**row)
 
 
 class Invalid(Exception):

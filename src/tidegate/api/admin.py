@@ -57,6 +57,7 @@ from tidegate.policies import (
     set_key_policy,
 )
 from tidegate.projects import (
+    MAX_UNIQUE_ARGS,
     AdminError,
     ConflictError,
     NotFoundError,
@@ -70,6 +71,7 @@ from tidegate.projects import (
     update_project,
     update_trigger,
 )
+from tidegate.runs import RunState
 from tidegate.schedules import (
     ScheduleError,
     create_schedule,
@@ -81,6 +83,7 @@ from tidegate.schedules import (
 from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tasks import list_tasks
+from tidegate.unique import DEFAULT_STATES, REQUIRED_STATES
 
 log = logging.getLogger("tidegate.ingress")
 router = APIRouter(
@@ -196,6 +199,20 @@ class TriggerFields(BaseModel):
     )
     breaker_key: Text | None = Field(
         None, description="the circuit breaker's key; default: the URL's scheme://host:port"
+    )
+    unique_period: float | None = TRIGGER_BOUNDS["unique_period"].field(
+        description="seconds: webhooks alike within a window of this many make one run, and "
+        "the others are answered with it; null: each webhook makes its own run"
+    )
+    unique_args: list[Text] | None = Field(
+        None,
+        max_length=MAX_UNIQUE_ARGS,
+        description="the fields of the body that make webhooks alike; null: the whole body",
+    )
+    unique_states: list[RunState] | None = Field(
+        None,
+        description="the states a run holds its key in (with "
+        f"{', '.join(REQUIRED_STATES)}); null: {', '.join(DEFAULT_STATES)}",
     )
 
 

@@ -93,6 +93,9 @@ FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,8192}")
 FRAMING_FIELDS = frozenset({"content-length", "transfer-encoding", "connection"})
 NO_CONTENT = frozenset({204, 205, 304})
 """Fields the server sets from the reply itself; a handler's would contradict them."""
+DUPLICATE_FIELD = "Tidegate-Duplicate"
+"""Says (``true``) that a unique trigger's webhook made no run: the run named is the one
+that held its key (the library's ``Run.duplicate``)."""
 
 
 OUTCOMES = {
@@ -352,6 +355,8 @@ async def _answer(
     run_id = decision["run_id"]
     if verdict is Verdict.REPLAYED:
         limits = {"Idempotent-Replayed": "true"}
+    if verdict is Verdict.DUPLICATE:
+        limits = {DUPLICATE_FIELD: "true"}
     location = {"Location": f"/runs/{run_id}"}
     if trigger.mode == "async":
         return JSONResponse(
@@ -379,8 +384,9 @@ async def _answer(
             )
 
         return events.EventStream(stream, {**limits, **location}, give_back)
+    # A repeat or a duplicate waits for a run that may have ended: it looks first.
     run = await _wait_for(
-        ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict is Verdict.REPLAYED
+        ingress, run_id, trigger.sync_timeout_seconds, look_first=verdict is not Verdict.ADMITTED
     )
     if run is None or not run.state.finished:
         return JSONResponse(
@@ -576,6 +582,7 @@ def _admit(
     place: uuid.UUID | None,
 ) -> Steps[dict[str, Any]]:
     settings = ingress.settings
+    unique = trigger.unique
     rows = yield Statement(
         "admit_webhook",
         {
@@ -600,6 +607,8 @@ def _admit(
             "ticket": place,
             "place_grace": PLACE_GRACE_SECONDS,
             "max_places": MAX_PLACES,
+            "unique_key": None if unique is None else trigger.unique_key(unique, payload),
+            "unique_states": None if unique is None else list(unique.states),
         },
         dict_row,
     )

@@ -317,6 +317,15 @@ CREATE TABLE triggers (
     forward_timeout_seconds float8      NOT NULL DEFAULT 10,
     forward_secret          text,
     breaker_key             text,
+    -- Unique webhooks (tidegate.webhooks.Trigger.unique): with a period, a webhook
+    -- whose run would be like one holding its key (a run of the same trigger, with the
+    -- same unique_args of the body, or the whole body when NULL, in the same window of
+    -- unique_period seconds) makes no run and is answered with that one. unique_states:
+    -- the states a run holds its key in (NULL: tidegate.unique's default). The key is the
+    -- runs' (runs.unique_key, runs_unique): the database decides, as for an enqueue.
+    unique_period           float8,
+    unique_args             text[],
+    unique_states           run_state[],
     CONSTRAINT triggers_name_unique UNIQUE (project, name),
     CONSTRAINT triggers_mode_valid CHECK (mode IN ('async', 'sync')),
     -- The numbers' ranges are tidegate.limits.TRIGGER_BOUNDS (tests/test_bounds.py
@@ -338,7 +347,12 @@ CREATE TABLE triggers (
     -- A forwarding trigger's runs are the forwarding task's: any other handler would
     -- ignore the URL.
     CONSTRAINT triggers_forward_task
-        CHECK (forward_url IS NULL OR task = 'tidegate.forward')
+        CHECK (forward_url IS NULL OR task = 'tidegate.forward'),
+    CONSTRAINT triggers_unique_period_range CHECK (unique_period BETWEEN 1 AND 31536000),
+    CONSTRAINT triggers_unique_args_range CHECK (cardinality(unique_args) <= 32),
+    -- Without a period a trigger's webhooks are not unique: nothing else may say how.
+    CONSTRAINT triggers_unique_needs_period
+        CHECK (unique_period IS NOT NULL OR (unique_args IS NULL AND unique_states IS NULL))
 );
 
 -- Admitted webhooks as they arrived, kept for audit and replay.

@@ -62,7 +62,7 @@ REFUSED_BY_STATUS = {
         *(v.value for v in REFUSALS if v.refusal and v.refusal.status == 503),
         Unjudged.UNAVAILABLE.value,
     ],
-    "answered": [Verdict.ADMITTED.value, Verdict.REPLAYED.value],
+    "answered": [Verdict.ADMITTED.value, Verdict.REPLAYED.value, Verdict.DUPLICATE.value],
 }
 """The outcomes the projects page counts as refused with a 429, as refused with a 503,
 and as not refused (``read_projects``): the verdicts by their declared status, and the

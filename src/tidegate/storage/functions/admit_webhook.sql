@@ -11,6 +11,13 @@
 --                 repeat: bytea equality looks at the lengths before it reads either
 --                 value, so only a repeat of the same length reads the stored body, and
 --                 an admission without a repeat pays nothing.
+--   duplicate     a webhook of a unique trigger (triggers.unique_period) whose run would
+--                 be like one that holds its key (p_unique_key: the library's own unique
+--                 key, computed by the API process, tidegate.webhooks): that run, before
+--                 any limit, as for a repeat; nothing is inserted. A run that takes the
+--                 key between this look and the insert below is found there: the unique
+--                 index runs_unique decides (ON CONFLICT), so webhooks arriving at once in
+--                 any number of API processes make one run.
 --   rate_limited  the project's ingest rate and burst (GCRA on projects.ingest_tat).
 --   lane_paused   fast lane: an operator paused the lane (paused_lanes): a sync caller
 --                 would only wait for a run no worker claims until it is resumed. An
@@ -67,7 +74,9 @@ CREATE OR REPLACE FUNCTION admit_webhook(
     p_ticket uuid,
     p_place_grace float8,
     p_max_places integer,
-    p_default_max_attempts smallint
+    p_default_max_attempts smallint,
+    p_unique_key text,
+    p_unique_states run_state[]
 ) RETURNS TABLE (
     decision text,
     run_id bigint,
@@ -118,6 +127,18 @@ BEGIN
         END IF;
         IF FOUND THEN
             RETURN QUERY SELECT 'key_reused', NULL::bigint, NULL::bigint, NULL::integer,
+                NULL::integer, NULL::integer, NULL::integer, NULL::float8, NULL::uuid,
+                NULL::integer;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF p_unique_key IS NOT NULL THEN
+        -- runs_unique: the predicate is the index's own.
+        SELECT r.id INTO first_run FROM runs r
+        WHERE r.unique_key = p_unique_key AND r.state = ANY (r.unique_states);
+        IF FOUND THEN
+            RETURN QUERY SELECT 'duplicate', first_run, NULL::bigint, NULL::integer,
                 NULL::integer, NULL::integer, NULL::integer, NULL::float8, NULL::uuid,
                 NULL::integer;
             RETURN;
@@ -285,22 +306,46 @@ BEGIN
         END IF;
     END IF;
 
+    -- The sender's trace context, where it sent one (W3C Trace Context headers, kept
+    -- with the request): the run's execution span links to it (tidegate.tracing).
+    IF p_unique_key IS NULL THEN
+        -- No ON CONFLICT: it would insert every run speculatively, a second WAL record
+        -- per row, for the rows runs_unique never holds (insert_runs.sql measured it).
+        INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
+                          trace_context)
+        VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
+                p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers))
+        RETURNING id INTO new_run;
+    END IF;
+    -- A unique key another admission or enqueue took since the look above (its insert
+    -- waited for that transaction to end) inserts nothing: its holder answers, and the
+    -- rate and the waiting place are not spent. A holder gone from its states by then
+    -- (finished, cancelled) frees the key: the loop inserts again.
+    WHILE new_run IS NULL LOOP
+        INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
+                          trace_context, unique_key, unique_states)
+        VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
+                p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers),
+                p_unique_key, p_unique_states)
+        ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
+        DO NOTHING
+        RETURNING id INTO new_run;
+        CONTINUE WHEN new_run IS NOT NULL;
+        SELECT r.id INTO first_run FROM runs r
+        WHERE r.unique_key = p_unique_key AND r.state = ANY (r.unique_states);
+        IF FOUND THEN
+            RETURN QUERY SELECT 'duplicate', first_run, NULL::bigint, NULL::integer,
+                NULL::integer, NULL::integer, NULL::integer, NULL::float8, NULL::uuid,
+                NULL::integer;
+            RETURN;
+        END IF;
+    END LOOP;
     IF proj.ingest_rate IS NOT NULL THEN
         UPDATE projects SET ingest_tat = tat WHERE id = p_project;
     END IF;
     IF p_ticket IS NOT NULL THEN  -- its place is taken up
         DELETE FROM waiting_places WHERE waiting_places.ticket = p_ticket;
     END IF;
-    -- The sender's trace context, where it sent one (W3C Trace Context headers, kept
-    -- with the request): the run's execution span links to it (tidegate.tracing).
-    INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
-                      trace_context)
-    VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
-            p_max_attempts, next_vtime(p_lane, p_key),
-            CASE WHEN p_headers ? 'traceparent' THEN jsonb_strip_nulls(jsonb_build_object(
-                'traceparent', p_headers->'traceparent', 'tracestate', p_headers->'tracestate'
-            )) END)
-    RETURNING id INTO new_run;
     INSERT INTO requests (project, trigger_id, run_id, idempotency_key, content_type, headers, body)
     VALUES (p_project, p_trigger_id, new_run, p_idempotency_key, p_content_type, p_headers, p_body)
     RETURNING id INTO new_request;

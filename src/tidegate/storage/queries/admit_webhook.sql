@@ -6,5 +6,5 @@ SELECT * FROM admit_webhook(
     %(max_attempts)s::smallint, %(idempotency_key)s, %(content_type)s, %(headers)s::jsonb,
     %(body)s, %(default_fast_lane_cap)s, %(live_seconds)s::float8, %(channel)s,
     %(ticket)s::uuid, %(place_grace)s::float8, %(max_places)s,
-    %(default_max_attempts)s::smallint
+    %(default_max_attempts)s::smallint, %(unique_key)s::text, %(unique_states)s::run_state[]
 )

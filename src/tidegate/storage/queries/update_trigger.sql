@@ -1,5 +1,5 @@
 -- Change the fields named in the patch (a JSON object); a JSON null clears the secrets,
--- the forward URL and the breaker key.
+-- the forward URL, the breaker key and the unique fields.
 UPDATE triggers SET
     mode = coalesce(%(patch)s::jsonb ->> 'mode', mode),
     task = coalesce(%(patch)s::jsonb ->> 'task', task),
@@ -21,6 +21,19 @@ UPDATE triggers SET
                           THEN %(patch)s::jsonb ->> 'forward_secret' ELSE forward_secret END,
     breaker_key = CASE WHEN %(patch)s::jsonb ? 'breaker_key'
                        THEN %(patch)s::jsonb ->> 'breaker_key' ELSE breaker_key END,
+    unique_period = CASE WHEN %(patch)s::jsonb ? 'unique_period'
+                         THEN (%(patch)s::jsonb ->> 'unique_period')::float8
+                         ELSE unique_period END,
+    unique_args = CASE WHEN jsonb_typeof(%(patch)s::jsonb -> 'unique_args') = 'array'
+                       THEN ARRAY(SELECT jsonb_array_elements_text(
+                                      %(patch)s::jsonb -> 'unique_args'))
+                       WHEN %(patch)s::jsonb ? 'unique_args' THEN NULL
+                       ELSE unique_args END,
+    unique_states = CASE WHEN jsonb_typeof(%(patch)s::jsonb -> 'unique_states') = 'array'
+                         THEN ARRAY(SELECT jsonb_array_elements_text(
+                                        %(patch)s::jsonb -> 'unique_states'))::run_state[]
+                         WHEN %(patch)s::jsonb ? 'unique_states' THEN NULL
+                         ELSE unique_states END,
     updated_at = now()
 WHERE id = %(id)s
 RETURNING *
