@@ -272,6 +272,8 @@ def _admit_params(
         "place_grace": PLACE_GRACE_SECONDS,
         "max_places": MAX_PLACES,
         "default_max_attempts": DEFAULT_MAX_ATTEMPTS,
+        "unique_key": None,
+        "unique_states": None,
     }
 
 
@@ -340,12 +342,16 @@ def _admission_calls(
 
 
 def _check_admission(conn: psycopg.Connection, admission: dict[str, Any]) -> bool:
-    """Every admitted call left one run and one request row, and nothing else did."""
+    """Every admitted call left one run and one request row, and nothing else did; what
+    differs goes to the part's ``problems``."""
     runs = runs_of(conn, "admit")
     admitted = admission["warmup_calls"] + sum(
         counted.get("admitted", 0) for counted in admission["decisions"].values()
     )
-    return len(runs) == admitted and all(r.requests == 1 for r in runs.values())
+    problems = [f"{len(runs)} runs for {admitted} admitted calls"] if len(runs) != admitted else []
+    problems += [f"run {i} has {r.requests} requests" for i, r in runs.items() if r.requests != 1]
+    admission["problems"] = problems
+    return not problems
 
 
 def max_overlap(intervals: Iterable[tuple[float, float]]) -> int:
