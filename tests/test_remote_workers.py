@@ -165,6 +165,23 @@ async def test_a_token_scopes_the_lanes_its_workers_may_claim_from(
     assert_problem(taken, 409)
 
 
+async def test_only_a_token_for_every_lane_declares_task_settings(
+    client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """A declaration routes every run enqueued by the task's name: a token scoped to
+    'emails' that declared `charge` in 'emails' would draw other services' runs of it
+    into the only lane it may claim from. Its registration stands; its settings do not."""
+    charge = {"name": "charge", "lane": "emails", "max_attempts": 1}
+    scoped = await worker_token(client, "emails", ["emails"])
+    await RemoteWorker.register(client, scoped, "emails:1", [charge])  # type: ignore[list-item]
+    assert sql.execute("SELECT count(*) FROM tasks").fetchone() == (0,)
+
+    fleet = await worker_token(client, "fleet", ["*"])
+    await RemoteWorker.register(client, fleet, "*:1", [charge])  # type: ignore[list-item]
+    row = sql.execute("SELECT lane, max_attempts FROM tasks WHERE name = 'charge'").fetchone()
+    assert row == ("emails", 1)
+
+
 async def test_a_long_poll_is_answered_as_soon_as_a_run_comes(
     app: Tidegate, client: httpx.AsyncClient
 ) -> None:

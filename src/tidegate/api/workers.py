@@ -10,7 +10,8 @@ guard (running, same attempt, same worker) means a worker completes only what it
 
 - ``POST /workers``: register (workloops, tasks); each chain must stay within the
   token's lanes. A task given with its settings is declared for every process
-  (tidegate.tasks), as a local worker declares its own when it starts.
+  (tidegate.tasks), as a local worker declares its own when it starts, by a token for
+  every lane only (a scoped one could route other tasks' runs into its lanes).
 - ``POST /workers/{id}/claim``: runs for one workloop, at most its free slots (counted
   here from the runs it holds: slots are never lent, whatever the client asks); a long
   poll, answered as soon as runs are claimed or empty after ``wait_seconds``.
@@ -49,13 +50,14 @@ from tidegate.api.kernel import (
     Cursor,
     JSONAnswer,
     PageSize,
+    log,
     page,
     problem_responses,
     read_cursor,
 )
 from tidegate.errors import ConfigError, InputError
 from tidegate.forward import find_delivery
-from tidegate.lanes import DEFAULT_LANE, chain_admits, parse_workloops
+from tidegate.lanes import DEFAULT_LANE, WILDCARD, chain_admits, parse_workloops
 from tidegate.limits import (
     MAX_DELAY_SECONDS,
     MAX_TEXT_CHARS,
@@ -337,6 +339,16 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
     declared = [
         TaskSettings(**task.model_dump()) for task in body.tasks if not isinstance(task, str)
     ]
+    if declared and WILDCARD not in fleet.lanes:
+        # A declaration routes every run enqueued by the task's name: from a token
+        # scoped to some lanes, it could draw other tasks' runs into them.
+        log.warning(
+            "worker %s: its token is for lanes %s only, so its task settings are not "
+            "declared (a token for every lane may declare them)",
+            worker_id,
+            ",".join(fleet.lanes),
+        )
+        declared = []
     await api.run(declare_tasks(declared, worker_id))
     settings = api.settings
     return {
