@@ -80,6 +80,14 @@ async def test_a_worker_declares_its_tasks_and_a_run_enqueued_by_name_takes_them
         assert stored(sql, run.id) == ("reports", 3, 1)
         [mine] = elsewhere.enqueue_many([NewRun(TASK, {}, max_attempts=7, priority=1)])
         assert stored(sql, mine.id) == ("reports", 1, 7)
+        # A batch: the insert fills each run's open settings from its task's declaration,
+        # and the runs it returns say what it stored.
+        batch = elsewhere.enqueue_many(
+            [NewRun(TASK, {}, priority=2), NewRun("nosuch.task", {}), NewRun(TASK, {})]
+        )
+        expected = [("reports", 2, 1), ("default", 0, settings.max_attempts), ("reports", 3, 1)]
+        assert [(r.lane, r.priority, r.max_attempts) for r in batch] == expected
+        assert [stored(sql, r.id) for r in batch] == expected
 
 
 async def test_a_task_no_worker_declared_keeps_the_defaults(

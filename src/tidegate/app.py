@@ -30,7 +30,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -378,16 +378,20 @@ class Tidegate:
         """The steps of ``enqueue_many``, for a caller that runs them on a connection of
         its own (the API process, on its pool: ``POST /runs``, the dashboard's Replay).
 
-        A run of a task this app has is resolved here, before any connection is used
-        (bad input fails at once, and the insert is the only round trip). A run named by
-        a task it lacks takes the settings the task's workers declared (``tidegate.tasks``):
-        one more statement first, on the same connection and in the same transaction.
+        Every run is resolved here, before any connection is used (bad input fails at
+        once), and the insert is the only round trip. A run named by a task this app
+        lacks takes the settings the task's workers declared (``tidegate.tasks``): the
+        insert fills what the enqueue leaves open from the declaration, in its own
+        statement. Only a unique run of such a task, whose unique key may hang on its
+        lane, reads the declarations first: one more statement, on the same connection
+        and in the same transaction.
         """
-        names = sorted(
-            {n.task for n in new if isinstance(n.task, str) and n.task not in self.tasks}
-        )
-        if not names:
-            return self.insert_steps([self.resolve(n) for n in new])
+        by_name = [n for n in new if isinstance(n.task, str) and n.task not in self.tasks]
+        if not any(n.unique is not None for n in by_name):
+            rows = [self.resolve(n, in_database=True) for n in new]
+            keyless = {str(n.task) for n in by_name if not n.key}
+            return self.insert_steps(rows, keyless=keyless)
+        names = sorted({str(n.task) for n in by_name})
         for name in names:  # before the lookup sends them
             try:
                 check_text(name, "task name")
@@ -403,20 +407,27 @@ class Tidegate:
         ]
         return (yield from self.insert_steps(rows))
 
-    def insert_steps(self, rows: list[dict[str, Any]]) -> Steps[list[Run]]:
+    def insert_steps(
+        self, rows: list[dict[str, Any]], *, keyless: Collection[str] = ()
+    ) -> Steps[list[Run]]:
         """The steps that insert rows ``resolve`` made; they return the runs in input
-        order (the original run for a repeated idempotency key)."""
+        order (the original run for a repeated idempotency key). ``keyless``: tasks of
+        runs enqueued by name without a key (warned of if their key is computed)."""
         if not rows:
             return []
-        yield from self._warn_of_tasks_without_worker(rows)
+        yield from self._warn_of_tasks_without_worker(rows, keyless)
         context = carrier()  # the enqueue's span, where one records
         if context is not None:
             rows = [{**row, "trace_context": context} for row in rows]
+        defaults = {
+            "channel": self.available_channel,
+            "default_max_attempts": self.settings.max_attempts,
+        }
         if len(rows) == 1:
             one = {**rows[0], "args": json.dumps(rows[0]["args"], default=_iso)}
             if context is not None:
                 one["trace_context"] = json.dumps(context)
-            params = {**one, "channel": self.available_channel}
+            params = {**one, **defaults}
             inserted = yield Statement("insert_run", params, dict_row)
         else:
             # A field left out reads as NULL (jsonb_to_recordset): the fields a run does
@@ -424,7 +435,7 @@ class Tidegate:
             # server's parse (1.13 times the batch rate, PostgreSQL 15).
             unset = [{k: v for k, v in row.items() if v is not None} for row in rows]
             runs = json.dumps(unset, default=_iso)
-            params = {"runs": runs, "channel": self.available_channel}
+            params = {"runs": runs, **defaults}
             inserted = yield Statement("insert_runs", params, dict_row)
         # The runs without an idempotency or unique key and those with one are two
         # inserts, each handing out ids in input order among its own runs; an input
@@ -482,8 +493,12 @@ class Tidegate:
             results = [run if run is not None else next(again) for run in results]
         return [run for run in results if run is not None]
 
-    def _warn_of_tasks_without_worker(self, rows: Sequence[dict[str, Any]]) -> Steps[None]:
-        """Warn when runs are enqueued for a task no live worker has (their lane's).
+    def _warn_of_tasks_without_worker(
+        self, rows: Sequence[dict[str, Any]], keyless: Collection[str]
+    ) -> Steps[None]:
+        """Warn when runs are enqueued for a task no live worker has (their lane's, the
+        declared one where the row has none yet), and when a task of ``keyless`` computes
+        its keys with code this process lacks.
 
         Not an error: a fleet may be mid-deploy, and the runs wait (``pending``) until
         such a worker starts. Each (lane, task) is looked up at most once a minute per
@@ -496,7 +511,8 @@ class Tidegate:
                 route
                 for route, at in self._worker_checks.items()
                 if now - at < WORKER_CHECK_SECONDS
-            }
+            },
+            key=lambda route: (route[0] or "", route[1]),
         )
         if not due:
             return
@@ -505,8 +521,11 @@ class Tidegate:
             "tasks": [task for _, task in due],
             "live_seconds": 3 * self.settings.heartbeat_seconds,
         }
-        for lane, task, has_worker in (yield Statement("find_task_workers", params)):
-            self._worker_checks[(lane, task)] = now
+        found = yield Statement("find_task_workers", params)
+        for lane, task, has_worker, given_lane, key_function in found:
+            self._worker_checks[(given_lane, task)] = now
+            if task in keyless and key_function is not None and task not in self.tasks:
+                self._warn_of_key_function(task, key_function)
             if not has_worker:
                 log.warning(
                     "no live worker has task %r for lane %r: its runs wait until one starts "
@@ -515,17 +534,23 @@ class Tidegate:
                     lane,
                 )
 
-    def resolve(self, n: NewRun, declared: TaskSettings | None = None) -> dict[str, Any]:
+    def resolve(
+        self, n: NewRun, declared: TaskSettings | None = None, *, in_database: bool = False
+    ) -> dict[str, Any]:
         """Resolve one ``NewRun`` against its task and the defaults into a row to insert.
 
         The task is this app's (``n.task``, or the one registered under its name), else
         the settings its workers ``declared`` (``tidegate.tasks``); a value ``n`` gives
-        wins over either. Every value is checked against ``tidegate.limits`` here, so
-        that nothing the enqueue accepts fails in the database or in a worker.
+        wins over either. ``in_database``: for a task this app lacks, leave the lane,
+        priority and max_attempts ``n`` does not give as ``None``, for the insert to
+        fill from the declaration (insert_run.sql). Every value is checked against
+        ``tidegate.limits`` here, so that nothing the enqueue accepts fails in the
+        database or in a worker.
         """
         task = n.task if isinstance(n.task, Task) else self.tasks.get(n.task)
         name = n.task if isinstance(n.task, str) else n.task.name
         settings = task.settings if task is not None else declared
+        fill = in_database and task is None and declared is None
         args = {} if n.args is None else n.args
         try:
             check_text(name, "task name")
@@ -533,10 +558,12 @@ class Tidegate:
                 raise EnqueueError(f"args of {name!r} must be a JSON object (dict), got {args!r}")
             check_json(args, f"args of {name!r}", self.settings.max_json_depth)
             check_identifier(n.project, "project id")
-            lane = check_lane(n.lane or (settings.lane if settings else DEFAULT_LANE))
+            lane = n.lane or (settings.lane if settings else None if fill else DEFAULT_LANE)
+            if lane is not None:
+                check_lane(lane)
             key = n.key or (task.key(args) if task and task.key else n.project)
             if not n.key and task is None and settings and settings.key_function:
-                self._warn_of_key_function(settings)
+                self._warn_of_key_function(name, settings.key_function)
             check_text(key, f"key of a run of {name!r}")
             if n.idempotency_key is not None:
                 check_text(n.idempotency_key, "idempotency key")
@@ -545,8 +572,10 @@ class Tidegate:
             unique = n.unique.checked() if n.unique is not None else None
         except InputError as error:
             raise EnqueueError(str(error)) from None
-        priority = n.priority if n.priority is not None else (settings.priority if settings else 0)
-        if not isinstance(priority, int) or priority not in PRIORITY:
+        priority = n.priority
+        if priority is None:
+            priority = settings.priority if settings else None if fill else 0
+        if priority is not None and (not isinstance(priority, int) or priority not in PRIORITY):
             raise EnqueueError(
                 f"priority of {name!r} must be {PRIORITY.low} (first) to {PRIORITY.high}, "
                 f"got {priority!r}"
@@ -554,14 +583,16 @@ class Tidegate:
         max_attempts = (
             n.max_attempts
             or (settings.max_attempts if settings else None)
-            or self.settings.max_attempts
+            or (None if fill else self.settings.max_attempts)
         )
-        if not isinstance(max_attempts, int) or max_attempts not in ATTEMPTS:
+        if max_attempts is not None and (
+            not isinstance(max_attempts, int) or max_attempts not in ATTEMPTS
+        ):
             raise EnqueueError(
                 f"max_attempts of {name!r} must be {ATTEMPTS.low} to {ATTEMPTS.high}, "
                 f"got {max_attempts!r}"
             )
-        row = {
+        row: dict[str, Any] = {
             "project": n.project,
             "lane": lane,
             "key": key,
@@ -580,18 +611,18 @@ class Tidegate:
             row["unique_states"] = [str(state) for state in unique.states]
         return row
 
-    def _warn_of_key_function(self, declared: TaskSettings) -> None:
+    def _warn_of_key_function(self, task: str, key_function: str) -> None:
         """Warn, once per task and process, that runs enqueued here by name get their
         project's key: the task's key function is code this process does not have."""
-        if declared.name in self._keys_warned:
+        if task in self._keys_warned:
             return
-        self._keys_warned.add(declared.name)
+        self._keys_warned.add(task)
         log.warning(
             "task %r computes its runs' keys with %s, which this process does not have: "
             "runs enqueued here without key= get their project's key",
-            declared.name,
-            declared.key_function,
-            extra={"task": declared.name},
+            task,
+            key_function,
+            extra={"task": task},
         )
 
     # -- reading and cancelling runs ---------------------------------------------
@@ -917,6 +948,10 @@ def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
             **row,
             "scheduled_at": at if due is None else due,
             "id": stored["id"],
+            # What a declaration filled in the insert (insert_run.sql), where the row left it.
+            "lane": stored["lane"],
+            "priority": stored["priority"],
+            "max_attempts": stored["max_attempts"],
             "state": RunState.SCHEDULED if due is not None and due > at else RunState.AVAILABLE,
             "inserted_at": at,
             "attempt": 0,
@@ -928,7 +963,7 @@ def _new_run(row: dict[str, Any], stored: dict[str, Any]) -> Run:
             "errors": [],
             "workloop": None,
             "vtime": stored["vtime"],
-            "rank": stored["vtime"] + 64 * row["priority"],
+            "rank": stored["vtime"] + 64 * stored["priority"],
             "probe": False,
             "watched": False,
             "unique_states": None

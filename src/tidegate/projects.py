@@ -194,7 +194,7 @@ def trigger_warnings(trigger: dict[str, Any], live_seconds: float) -> Steps[list
     """
     given = FAST_LANE if trigger["mode"] == "sync" else None  # None: the task's declared
     params = {"lanes": [given], "tasks": [trigger["task"]], "live_seconds": live_seconds}
-    [(lane, _, has_worker)] = yield Statement("find_task_workers", params)
+    [(lane, _, has_worker, _, _)] = yield Statement("find_task_workers", params)
     if has_worker:
         return []
     waits = "are refused (503)" if lane == FAST_LANE else "wait"

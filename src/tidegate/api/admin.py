@@ -253,7 +253,7 @@ async def _shown(request: Request, trigger: dict[str, Any]) -> dict[str, Any]:
         "live_seconds": 3 * ingress.settings.heartbeat_seconds,
     }
     warnings = []
-    [(lane, _, has_worker)] = await ingress.run(_rows("find_task_workers", params))
+    [(lane, _, has_worker, _, _)] = await ingress.run(_rows("find_task_workers", params))
     if not has_worker:
         warnings.append(
             f"no live worker has task {trigger['task']!r} for lane {lane!r}: its webhooks "

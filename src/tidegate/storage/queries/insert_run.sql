@@ -5,10 +5,17 @@
 -- unique key: the caller reads the original with find_runs_by_key or find_unique_runs),
 -- same NOTIFY when the run is ready. One of the two inserts makes a row, the other's
 -- one-time filter stops it before its clock is read.
+-- declared: a run of a task the enqueuing app does not have comes with its lane,
+-- priority and max_attempts NULL unless the enqueue gave them; its workers' declaration
+-- (tidegate.tasks; tasks_pkey, one probe) fills them, else the defaults, in this
+-- statement rather than a round trip before it.
 WITH run AS (
-    SELECT %(project)s::text AS project, %(lane)s::text AS lane, %(key)s::text AS key,
-           %(task)s::text AS task, %(args)s::jsonb AS args, %(priority)s::smallint AS priority,
-           %(max_attempts)s::smallint AS max_attempts,
+    SELECT %(project)s::text AS project,
+           coalesce(%(lane)s::text, declared.lane, 'default') AS lane, %(key)s::text AS key,
+           %(task)s::text AS task, %(args)s::jsonb AS args,
+           coalesce(%(priority)s::smallint, declared.priority, 0) AS priority,
+           coalesce(%(max_attempts)s::smallint, declared.max_attempts,
+                    %(default_max_attempts)s::smallint) AS max_attempts,
            coalesce(%(scheduled_at)s::timestamptz, now()) AS scheduled_at,
            %(idempotency_key)s::text AS idempotency_key,
            %(unique_key)s::text AS unique_key,
@@ -16,6 +23,8 @@ WITH run AS (
            %(trace_context)s::jsonb AS trace_context,
            CASE WHEN %(scheduled_at)s::timestamptz > now() THEN 'scheduled'
                 ELSE 'available' END::run_state AS state
+    FROM (SELECT) AS one
+    LEFT JOIN tasks AS declared ON declared.name = %(task)s::text
 ),
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
@@ -23,7 +32,8 @@ plain AS (
                       state, vtime)
     SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NULL AND %(unique_key)s::text IS NULL
-    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
+    RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,
+              vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
@@ -32,7 +42,8 @@ keyed AS (
     SELECT *, next_vtime(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL
     ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique
-    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
+    RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,
+              vtime
 ),
 inserted AS (
     SELECT * FROM plain UNION ALL SELECT * FROM keyed
@@ -41,6 +52,6 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM inserted WHERE state = 'available'
 )
-SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key,
-       inserted.unique_key, now() AS at
+SELECT inserted.id, inserted.vtime, inserted.lane, inserted.priority, inserted.max_attempts,
+       inserted.project, inserted.idempotency_key, inserted.unique_key, now() AS at
 FROM inserted, notified

@@ -17,17 +17,29 @@
 -- the two inserts hands out ids in input order among its own runs.
 -- notified: one NOTIFY per lane (PostgreSQL folds identical payloads in a transaction);
 -- it is only a hint, workers also poll.
--- The result is what the caller cannot know: each run's id and place on its key's clock,
--- and the statement's time, from which it makes each run's state, scheduled_at and
--- inserted_at as the insert did (a run whose scheduled_at is after it is 'scheduled').
+-- The result is what the caller cannot know: each run's id, place on its key's clock,
+-- lane, priority and max_attempts (declared ones filled in), and the statement's time,
+-- from which it makes each run's state, scheduled_at and inserted_at as the insert did
+-- (a run whose scheduled_at is after it is 'scheduled').
+-- declared: a run of a task the enqueuing app does not have comes without lane, priority
+-- and max_attempts unless the enqueue gave them; its workers' declaration
+-- (tidegate.tasks, a hash of its few rows) fills them, else the defaults, in this
+-- statement rather than a round trip before it.
 WITH batch AS (
-    SELECT * FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
+    SELECT i.project, coalesce(i.lane, declared.lane, 'default') AS lane, i.key, i.task,
+           i.args, coalesce(i.priority, declared.priority, 0) AS priority,
+           coalesce(i.max_attempts, declared.max_attempts,
+                    %(default_max_attempts)s::smallint) AS max_attempts,
+           i.scheduled_at, i.idempotency_key, i.unique_key, i.unique_states,
+           i.trace_context, i.ord
+    FROM ROWS FROM (jsonb_to_recordset(%(runs)s::jsonb) AS (
         project text, lane text, key text, task text, args jsonb, priority smallint,
         max_attempts smallint, scheduled_at timestamptz, idempotency_key text,
         unique_key text, unique_states run_state[], trace_context jsonb
     )) WITH ORDINALITY AS i(project, lane, key, task, args, priority, max_attempts,
                             scheduled_at, idempotency_key, unique_key, unique_states,
                             trace_context, ord)
+    LEFT JOIN tasks AS declared ON declared.name = i.task
 ),
 clock AS MATERIALIZED (  -- once per key, not per run
     SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight
@@ -53,7 +65,8 @@ plain AS (
            state, vtime
     FROM stamped WHERE idempotency_key IS NULL AND unique_key IS NULL
     ORDER BY ord
-    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
+    RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,
+              vtime
 ),
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
@@ -65,7 +78,8 @@ keyed AS (
     FROM stamped WHERE idempotency_key IS NOT NULL OR unique_key IS NOT NULL
     ORDER BY ord
     ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique
-    RETURNING id, state, lane, project, idempotency_key, unique_key, vtime
+    RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,
+              vtime
 ),
 inserted AS (
     SELECT * FROM plain UNION ALL SELECT * FROM keyed
@@ -74,6 +88,6 @@ notified AS (
     SELECT count(pg_notify(%(channel)s, lane)) AS lanes
     FROM (SELECT DISTINCT lane FROM inserted WHERE state = 'available') AS ready
 )
-SELECT inserted.id, inserted.vtime, inserted.project, inserted.idempotency_key,
-       inserted.unique_key, now() AS at
+SELECT inserted.id, inserted.vtime, inserted.lane, inserted.priority, inserted.max_attempts,
+       inserted.project, inserted.idempotency_key, inserted.unique_key, now() AS at
 FROM inserted, notified
