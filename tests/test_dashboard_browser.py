@@ -26,6 +26,7 @@ import pytest
 
 from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer
 from tidegate import NewRun, Tidegate
+from tidegate.policies import list_key_policies
 from tidegate.runs import RunState
 from tidegate.schedules import create_schedule
 
@@ -455,10 +456,16 @@ def test_every_page_fits_a_phone_and_keeps_its_navigation_on_screen(
     app.execute(
         create_schedule("acme-corporation-with-a-long-name", "nightly", "noop", cron="0 2 * * *")
     )
+    app.set_key_policy("a_long_lane_name", "k" * 60, max_running=2)
+    policy = "lane=a_long_lane_name&key=" + "k" * 60
     admin.set_viewport_size(PHONE)
     pages = [
         "/ui/",
         "/ui/workers",
+        "/ui/tasks",
+        f"/ui/keys/policy?{policy}",
+        f"/ui/keys/policy/clear?{policy}",
+        f"/ui/keys/breaker?{policy}",
         "/ui/projects",
         "/ui/projects/acme-corporation-with-a-long-name",
         "/ui/keys",
@@ -613,3 +620,152 @@ def test_screenshots_of_every_page(
     admin.goto("/ui/schedules")
     expect(admin.locator('#schedules tr[data-name="invoice-sync"] td.run a')).to_be_visible()
     shoot(admin, "schedules")
+
+
+# -- acting on limits, live lists, what workers run, tasks over time --------------------
+
+
+@pytest.mark.parametrize("viewport", [VIEWPORT, PHONE], ids=["desktop", "phone"])
+def test_an_operator_changes_a_keys_limits_forces_its_breaker_and_pauses_a_schedule(
+    admin: Page, app: Tidegate, viewport: dict[str, int]
+) -> None:
+    admin.set_viewport_size(viewport)  # type: ignore[arg-type]
+    app.set_key_policy("default", "partner", max_running=1, breaker_failures=3)
+    made = app.enqueue_many([NewRun("ship", {"n": n}, key="partner") for n in range(3)])
+    app.execute(create_schedule("default", "nightly", "noop", cron="0 2 * * *"))
+
+    admin.get_by_role("link", name="Keys", exact=True).click()
+    row = admin.locator('#keys tr[data-lane="default"][data-key="partner"]')
+    row.get_by_role("link", name="Policy…").click()
+    form = admin.locator("form#policy")
+    expect(form.locator('input[name="max_running"]')).to_have_value("1")
+    fill_field(form, "max_running", "4")
+    fill_field(form, "weight", "2")
+    form.get_by_role("button", name="Save").click()
+    expect(admin).to_have_url(re.compile(r"/ui/keys$"))
+    expect(row.locator("td.num").first).to_have_text("4")
+    expect(row.locator("td.num").nth(1)).to_have_text("2")
+
+    row.get_by_role("link", name="Breaker…").click()
+    expect(admin.locator("#breaker-state")).to_have_text("closed, counting nothing")
+    admin.get_by_role("button", name="Force open").click()
+    expect(admin.locator("#breaker-state")).to_have_attribute("data-state", "forced_open")
+    admin.get_by_role("link", name="Back to the keys").click()
+    expect(row.locator("td.breaker")).to_have_text("forced open")
+    expect(row.locator("td.held")).to_have_text("breaker")
+    row.get_by_role("link", name="Breaker…").click()
+    admin.get_by_role("button", name="Auto").click()
+    expect(admin.locator("#breaker-state")).to_have_attribute("data-state", "closed")
+
+    admin.goto("/ui/keys")
+    row.get_by_role("link", name="Policy…").click()
+    admin.get_by_role("link", name="Clear policy…").click()
+    expect(admin.locator("h1")).to_contain_text("Clear the policy of key")
+    admin.get_by_role("link", name="Back").click()  # thought better of it: nothing changed
+    assert app.get_run(made[0].id) is not None
+    assert len(app.execute(list_key_policies("default"))) == 1
+    admin.goto("/ui/keys/policy/clear?lane=default&key=partner")
+    admin.get_by_role("button", name="Clear policy").click()
+    expect(admin).to_have_url(re.compile(r"/ui/keys$"))
+    expect(row.locator("td.num").first).to_have_text("")
+    assert app.execute(list_key_policies("default")) == []
+
+    admin.get_by_role("link", name="Schedules", exact=True).click()
+    schedule = admin.locator('#schedules tr[data-project="default"][data-name="nightly"]')
+    schedule.get_by_role("button", name="Pause").click()
+    expect(schedule.locator("td.next")).to_have_text("paused")
+    schedule.get_by_role("button", name="Resume").click()
+    expect(schedule.locator("td.next")).to_contain_text("in ")
+    assert admin.evaluate("document.documentElement.scrollWidth") <= viewport["width"]
+
+
+LIVE_COUNT = """() => {
+    window.polls = {sent: 0, skipped: 0};
+    document.body.addEventListener("htmx:beforeRequest", (event) => {
+        if (event.detail.elt.hasAttribute("data-live")) {
+            window.polls[event.defaultPrevented ? "skipped" : "sent"] += 1;
+        }
+    });
+}"""
+
+
+SKIPPED = "(least) => window.polls.skipped >= least"
+
+
+def test_a_filtered_run_list_refreshes_in_place_and_waits_while_a_form_is_filled(
+    admin: Page, app: Tidegate
+) -> None:
+    app.enqueue_many([NewRun("ship", {"n": n}, key=f"shop-{n}") for n in range(60)])
+    app.enqueue("receipt")
+    admin.set_viewport_size(PHONE)
+    admin.goto("/ui/runs?task=ship")
+    rows = admin.locator("#runs tr[data-run]")
+    expect(rows).to_have_count(50)
+    admin.evaluate("window.sameDocument = true")  # gone if the page reloads
+    admin.evaluate(LIVE_COUNT)
+    admin.locator("#runs tr[data-run]").nth(40).scroll_into_view_if_needed()
+    admin.evaluate("document.querySelector('.scroll:has(#runs)').scrollLeft = 120")
+    scrolled = admin.evaluate(
+        "[window.scrollY, document.querySelector('.scroll:has(#runs)').scrollLeft]"
+    )
+    assert scrolled[0] > 0 and scrolled[1] > 0
+
+    newest = app.enqueue("ship", {"n": 60}, key="shop-60")
+    app.enqueue("receipt")  # outside the filter: never shown
+    expect(rows.first).to_have_attribute("data-run", str(newest.id))
+    expect(rows).to_have_count(50)
+    assert admin.locator('#runs tr[data-run] td code:text-is("receipt")').count() == 0
+    assert admin.evaluate("window.sameDocument") is True, "the page reloaded"
+    page_y, box_x = admin.evaluate(
+        "[window.scrollY, document.querySelector('.scroll:has(#runs)').scrollLeft]"
+    )
+    assert box_x == scrolled[1] and abs(page_y - scrolled[0]) < 40, (page_y, box_x, scrolled)
+    expect(admin).to_have_url(re.compile(r"/ui/runs\?task=ship$"))
+
+    # Typing a search it has not sent yet: the polls wait, the rows stay as they were.
+    form = admin.locator("form#run-filter")
+    form.locator('input[name="key"]').fill("shop-1")
+    admin.locator("h1").click()  # the field loses the focus, but keeps what was typed
+    admin.wait_for_function(SKIPPED, arg=2, timeout=WAIT_MS)
+    waited = app.enqueue("ship", {"n": 61}, key="shop-61")
+    skipped = admin.evaluate("window.polls.skipped")
+    admin.wait_for_function(SKIPPED, arg=skipped + 2, timeout=WAIT_MS)
+    expect(rows.first).to_have_attribute("data-run", str(newest.id))
+    expect(form.locator('input[name="key"]')).to_have_value("shop-1")
+    form.locator('input[name="key"]').fill("")  # given up: the list goes on refreshing
+    admin.locator("h1").click()
+    expect(rows.first).to_have_attribute("data-run", str(waited.id))
+
+
+FITS = "(width) => document.documentElement.scrollWidth <= width"
+
+
+def test_workers_page_shows_what_each_worker_runs_and_tasks_page_charts_each_task(
+    admin: Page, app: Tidegate, start_worker_process: Callable[..., Any]
+) -> None:
+    made = app.enqueue_many(
+        [NewRun("noop") for _ in range(6)]
+        + [NewRun("fail", max_attempts=1) for _ in range(3)]
+        + [NewRun("async_sleep", {"seconds": 600}, key=f"sleeper-{n}") for n in range(2)]
+    )
+    start_worker_process("manual>*:3")
+    admin.get_by_role("link", name="Workers", exact=True).click()
+    running = admin.locator("#workers ul.running li")
+    expect(running).to_have_count(2, timeout=DRAIN_MS)  # arrives without a reload
+    expect(running.first).to_contain_text("async_sleep")
+    expect(running.first).to_contain_text(re.compile(r"started [\d.]+ (s|min) ago"))
+    running.first.get_by_role("link").click()
+    expect(admin.locator("#run-state")).to_contain_text("running")
+
+    admin.get_by_role("link", name="Tasks", exact=True).click()
+    noop = admin.locator('#tasks tr[data-task="noop"] td.num')
+    expect(noop.first).to_have_text("6", timeout=DRAIN_MS)  # counted by heartbeats
+    fail = admin.locator('#tasks tr[data-task="fail"] td.num')
+    expect(fail).to_have_text(["0", "3", "100.0"], timeout=DRAIN_MS)
+    for task in ("noop", "fail"):
+        expect(admin.locator(f'.task-chart[data-task="{task}"] canvas').first).to_be_visible()
+    expect(admin.locator('.task-chart[data-task="fail"] .u-legend')).to_contain_text("failed")
+    admin.set_viewport_size(PHONE)  # the charts follow the window's width
+    admin.wait_for_function(FITS, arg=PHONE["width"], timeout=WAIT_MS)
+    for sleeper in made[-2:]:
+        app.cancel(sleeper.id)  # the worker stops at once, not after its grace period

@@ -21,7 +21,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import running_worker, wait_until
 from tests.http_fixtures import ADMIN, ADMIN_TOKEN, ApiServer, create_project, create_trigger
 from tidegate import NewRun, Tidegate
 from tidegate.runs import BulkAction, RunState, bulk_runs
@@ -337,6 +337,9 @@ async def test_every_dashboard_answer_forbids_framing_and_sniffing_and_pages_nee
         "/ui/projects",
         "/ui/projects/acme",
         "/ui/keys",
+        "/ui/keys/policy?lane=default&key=acme",
+        "/ui/keys/breaker?lane=default&key=acme",
+        "/ui/tasks",
         "/ui/schedules",
         "/ui/runs",
         f"/ui/runs/{run_id}",
@@ -1118,3 +1121,311 @@ async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches
     assert mine.json() == {"cancelled": 0, "more": False}  # none of acme's: none changed
     theirs = await client.post("/runs/cancel-matching", json={"project": "default"}, headers=other)
     assert theirs.status_code == 403
+
+
+# -- acting on limits, live lists, what workers run, tasks over time --------------------
+
+
+def _policy(sql: psycopg.Connection, lane: str, key: str) -> tuple[Any, ...] | None:
+    return sql.execute(
+        "SELECT max_running, weight, rate, rate_burst, breaker_failures FROM key_policies"
+        " WHERE lane = %s AND key = %s",
+        [lane, key],
+    ).fetchone()
+
+
+async def test_a_key_policy_is_changed_and_cleared_once_confirmed_by_the_admin_only(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    alpha = await create_project(client, "alpha")
+    app.set_key_policy("default", "capped", max_running=1, breaker_failures=5)
+    app.enqueue("noop", key="capped", project="alpha")
+    admin = await sign_in(ADMIN_TOKEN)
+    keys = await admin.page("/ui/keys")
+    row = cells(keys, 'data-lane="default" data-key', "capped")
+    assert '<a href="/ui/keys/policy?lane=default&amp;key=capped">Policy…</a>' in row
+    assert '<a href="/ui/keys/breaker?lane=default&amp;key=capped">Breaker…</a>' in row
+    form = await admin.page("/ui/keys/policy?lane=default&key=capped")
+    assert re.search(r'<input name="max_running" type="number"[^>]* value="1"', form)
+    assert re.search(r'<input name="weight" type="number"[^>]* value=""', form)
+
+    path = "/ui/keys/policy"
+    fields = {"lane": "default", "key": "capped", "max_running": "3", "weight": "2.5"}
+    refused = [
+        await admin.client.post(path, data=fields),
+        await admin.client.post(path, data={**fields, "csrf_token": "wrong"}),
+    ]
+    assert [r.status_code for r in refused] == [403, 403]
+    assert _policy(sql, "default", "capped") == (1, None, None, None, 5)
+    for bad in ({"weight": "0"}, {"max_running": "1.5"}, {"rate": "nan"}, {"rate": "x"}):
+        answer = await admin.post(path, **{**fields, **bad})
+        assert answer.status_code == 422, (bad, answer.text)
+    assert (await admin.post(path, **{**fields, "lane": "no such lane"})).status_code == 422
+    assert _policy(sql, "default", "capped") == (1, None, None, None, 5)
+
+    changed = await admin.post(path, **fields, rate="0.5", rate_burst="")
+    assert changed.status_code == 303 and changed.headers["location"] == "/ui/keys"
+    # The form's fields change; the breaker's, which it does not show, stay.
+    assert _policy(sql, "default", "capped") == (3, 2.5, 0.5, None, 5)
+    figures = cells(await admin.page("/ui/keys"), 'data-lane="default" data-key', "capped")
+    assert re.findall(r'<td class="num">([^<]*)</td>', figures)[:3] == ["3", "2.5", "0.5"]
+
+    confirm = await admin.page("/ui/keys/policy/clear?lane=default&key=capped")
+    assert '<form class="confirm clear-policy" method="post"' in confirm
+    assert _policy(sql, "default", "capped") is not None  # asking changes nothing
+    cleared = await admin.post("/ui/keys/policy/clear", lane="default", key="capped")
+    assert cleared.status_code == 303 and _policy(sql, "default", "capped") is None
+    assert (
+        await admin.post("/ui/keys/policy/clear", lane="default", key="capped")
+    ).status_code == 404
+    await admin.page("/ui/keys/policy/clear?lane=default&key=capped", 404)
+    # A key with no policy yet gets one from the same form (the keys page's lookup).
+    assert "has no policy of its own yet" in await admin.page("/ui/keys/policy?lane=bulk&key=new")
+    assert (await admin.post(path, lane="bulk", key="new", max_running="2")).status_code == 303
+    assert _policy(sql, "bulk", "new") == (2, None, None, None, None)
+
+    # A project's session sees its keys, and no way to change them.
+    app.set_key_policy("default", "capped", max_running=1)
+    own = await sign_in(alpha["token"])
+    keys = await own.page("/ui/keys")
+    assert "capped" in keys and "/ui/keys/policy" not in keys and "Breaker…" not in keys
+    await own.page("/ui/keys/policy?lane=default&key=capped", 404)
+    await own.page("/ui/keys/policy/clear?lane=default&key=capped", 404)
+    assert (await own.post(path, **fields)).status_code == 404
+    assert (
+        await own.post("/ui/keys/policy/clear", lane="default", key="capped")
+    ).status_code == 404
+    assert _policy(sql, "default", "capped") == (1, None, None, None, None)
+
+
+def _breaker(sql: psycopg.Connection, key: str) -> str | None:
+    row = sql.execute(
+        "SELECT breaker_state(b)::text FROM key_breakers b WHERE lane = 'default' AND key = %s",
+        [key],
+    ).fetchone()
+    return row[0] if row else None
+
+
+async def test_a_breaker_is_forced_open_closed_and_auto_from_its_page_by_the_admin_only(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    alpha = await create_project(client, "alpha")
+    app.set_key_policy("default", "partner", breaker_failures=3)
+    run = app.enqueue("noop", key="partner", project="alpha")
+    admin = await sign_in(ADMIN_TOKEN)
+    page = await admin.page("/ui/keys/breaker?lane=default&key=partner")
+    assert 'data-state="closed">closed, counting nothing' in page
+    for force in ("open", "closed", "auto"):
+        assert f'<input type="hidden" name="force" value="{force}">' in page
+    assert _breaker(sql, "partner") is None  # the page is the confirmation: nothing yet
+
+    path = "/ui/keys/breaker"
+    refused = await admin.client.post(
+        path, data={"lane": "default", "key": "partner", "force": "open"}
+    )
+    assert refused.status_code == 403 and _breaker(sql, "partner") is None
+    assert (await admin.post(path, lane="default", key="partner", force="ajar")).status_code == 422
+    assert _breaker(sql, "partner") is None
+
+    opened = await admin.post(path, lane="default", key="partner", force="open")
+    assert opened.status_code == 303
+    assert opened.headers["location"] == "/ui/keys/breaker?lane=default&key=partner"
+    assert _breaker(sql, "partner") == "forced_open"
+    row = cells(await admin.page("/ui/keys"), 'data-lane="default" data-key', "partner")
+    assert '<td class="breaker">forced open</td>' in row and '<td class="held">breaker</td>' in row
+    assert 'data-state="forced_open">forced open' in await admin.page(opened.headers["location"])
+    # The run it holds says so, and leads to it.
+    held = await admin.page(f"/ui/runs/{run.id}")
+    assert '<a class="breaker" href="/ui/keys/breaker?lane=default&amp;key=partner">' in held
+    assert 'class="breaker"' not in await (await sign_in(alpha["token"])).page(f"/ui/runs/{run.id}")
+    assert (
+        await admin.post(path, lane="default", key="partner", force="closed")
+    ).status_code == 303
+    assert _breaker(sql, "partner") == "forced_closed"
+
+    own = await sign_in(alpha["token"])
+    await own.page("/ui/keys/breaker?lane=default&key=partner", 404)
+    assert (await own.post(path, lane="default", key="partner", force="auto")).status_code == 404
+    assert _breaker(sql, "partner") == "forced_closed"
+
+    assert (await admin.post(path, lane="default", key="partner", force="auto")).status_code == 303
+    assert _breaker(sql, "partner") is None
+
+
+def _paused(sql: psycopg.Connection, name: str) -> tuple[bool, Any]:
+    row = sql.execute(
+        "SELECT paused, next_tick > now() FROM schedules WHERE name = %s", [name]
+    ).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+async def test_a_schedule_is_paused_and_resumed_from_the_schedules_page_by_the_admin_only(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    alpha = await create_project(client, "alpha")
+    app.execute(create_schedule("alpha", "nightly", "noop", cron="30 2 * * *"))
+    admin = await sign_in(ADMIN_TOKEN)
+    row = cells(await admin.page("/ui/schedules"), 'data-project="alpha" data-name', "nightly")
+    assert '<form class="pause" method="post" action="/ui/schedules/pause">' in row
+    fields = {"project": "alpha", "name": "nightly"}
+    refused = await admin.client.post("/ui/schedules/pause", data=fields)
+    assert refused.status_code == 403 and _paused(sql, "nightly") == (False, True)
+
+    paused = await admin.post("/ui/schedules/pause", **fields)
+    assert paused.status_code == 303 and paused.headers["location"] == "/ui/schedules"
+    assert _paused(sql, "nightly")[0] is True
+    row = cells(await admin.page("/ui/schedules"), 'data-project="alpha" data-name', "nightly")
+    assert "<em>paused</em>" in row and 'action="/ui/schedules/resume"' in row
+
+    own = await sign_in(alpha["token"])
+    row = cells(await own.page("/ui/schedules"), 'data-project="alpha" data-name', "nightly")
+    assert "<form" not in row
+    assert (await own.post("/ui/schedules/resume", **fields)).status_code == 404
+    assert _paused(sql, "nightly")[0] is True
+
+    assert (await admin.post("/ui/schedules/resume", **fields)).status_code == 303
+    assert _paused(sql, "nightly") == (False, True)
+    missing = await admin.post("/ui/schedules/pause", project="alpha", name="weekly")
+    assert missing.status_code == 404
+    assert (await admin.post("/ui/schedules/pause", project="no such", name="x")).status_code == 422
+
+
+async def test_every_list_page_polls_its_own_address_for_its_rows(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    await create_project(client, "acme")
+    trigger = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+    run = app.enqueue("noop", key="k1")
+    admin = await sign_in(ADMIN_TOKEN)
+    lists = {
+        "/ui/runs?task=noop&key=k1": "runs",
+        "/ui/keys": "keys",
+        "/ui/workers": "workers",
+        "/ui/schedules": "schedules",
+        "/ui/tasks": "tasks",
+        f"/ui/triggers/{trigger['id']}/log": "requests",
+    }
+    for path, table in lists.items():
+        page = await admin.page(path)
+        shown = path.replace("&", "&amp;")
+        assert (
+            f'<tbody data-live hx-get="{shown}" hx-select="#{table} > tbody"'
+            ' hx-trigger="every 5s" hx-swap="outerHTML">'
+        ) in page, path
+        # What the poll gets: the same page, whose rows it takes.
+        polled = await admin.page(path, **{"HX-Request": "true"})
+        assert f'<table id="{table}">' in polled
+    other = app.enqueue("noop", key="k2")
+    runs = await admin.page("/ui/runs?task=noop&key=k1", **{"HX-Request": "true"})
+    assert attribute_values(runs, "data-run") == [str(run.id)]  # the filter holds
+    assert str(other.id) in await admin.page("/ui/runs?task=noop", **{"HX-Request": "true"})
+
+
+async def test_the_workers_page_lists_what_each_worker_runs_now_the_longest_first(
+    app: Tidegate, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    for worker in ("w-1", "w-2", "w-3"):
+        sql.execute(
+            "INSERT INTO workers (id, host, pid, workloops, tasks) VALUES"
+            " (%s, 'host-a', 41, '[]', '{noop}')",
+            [worker],
+        )
+    runs = app.enqueue_many(
+        [NewRun("noop", key=f"k{i}", lane="bulk") for i in range(53)] + [NewRun("echo")]
+    )
+    ids = [run.id for run in runs]
+    # w-1 holds 52 runs, started 52 s ago to 1 s ago; w-2 holds one; w-3 none; one waits.
+    for i, run_id in enumerate(ids[:52]):
+        sql.execute(
+            "UPDATE runs SET state = 'running', worker_id = 'w-1',"
+            " attempted_at = now() - make_interval(secs => %s) WHERE id = %s",
+            [52 - i, run_id],
+        )
+    sql.execute(
+        "UPDATE runs SET state = 'running', worker_id = 'w-2', attempted_at = now()"
+        " - interval '3.2 seconds' WHERE id = %s",
+        [ids[53]],
+    )
+    page = await (await sign_in(ADMIN_TOKEN)).page("/ui/workers")
+    first = cells(page, "data-worker", "w-1")
+    listed = re.findall(r'<li data-run="(\d+)">', first)
+    assert listed == [str(i) for i in ids[:50]]  # at most 50, the longest running first
+    assert "the 50 running longest" in first
+    assert re.search(
+        rf'<li data-run="{ids[0]}"><a href="/ui/runs/{ids[0]}">{ids[0]}</a> <code>noop</code>'
+        r" key k0, bulk, started <time [^>]+>\d+ s ago</time></li>",
+        first,
+    ), first
+    second = cells(page, "data-worker", "w-2")
+    assert re.findall(r'<li data-run="(\d+)">', second) == [str(ids[53])]
+    assert re.search(r"key default, default, started <time [^>]+>[\d.]+ s ago</time>", second)
+    assert "running longest" not in second
+    assert '<td class="running"></td>' in cells(page, "data-worker", "w-3")
+    assert f'data-run="{ids[52]}"' not in page  # waiting, not running
+
+
+async def test_the_tasks_page_charts_completed_and_failed_attempts_per_task_per_minute(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection, sign_in: Any
+) -> None:
+    alpha = await create_project(client, "alpha")
+    app.enqueue_many(
+        [NewRun("noop") for _ in range(5)]
+        + [NewRun("fail", max_attempts=1) for _ in range(2)]
+        + [NewRun("fail", {"until_attempt": 1}) for _ in range(1)]
+    )
+    async with running_worker(app, "manual>*:2"):
+        await wait_until(
+            lambda: (
+                sql.execute(
+                    "SELECT count(*) FROM runs WHERE state IN ('succeeded', 'discarded')"
+                ).fetchone()
+                == (8,)
+            ),
+            timeout=60,
+        )
+    # Counted by heartbeats (the last one as the worker stops), by task.
+    counted = sql.execute(
+        "SELECT task, outcome, sum(count)::int FROM minute_counts WHERE source = 'attempt'"
+        " GROUP BY 1, 2 ORDER BY 1, 2"
+    ).fetchall()
+    assert counted == [("fail", "discarded", 2), ("fail", "succeeded", 1), ("noop", "succeeded", 5)]
+    sql.execute(
+        "INSERT INTO minute_counts (minute, source, project, lane, task, outcome, count) VALUES"
+        " (date_trunc('minute', now()) - interval '10 minutes', 'attempt', '', 'bulk', 'noop',"
+        "  'failed', 4),"
+        " (date_trunc('minute', now()) - interval '10 minutes', 'attempt', '', 'bulk', 'noop',"
+        "  'rescued', 1),"
+        " (date_trunc('minute', now()) - interval '10 minutes', 'attempt', '', 'bulk', 'noop',"
+        "  'retry_requested', 9),"
+        " (date_trunc('minute', now()) - interval '61 minutes', 'attempt', '', 'bulk', 'noop',"
+        "  'succeeded', 100)"
+    )
+    admin = await sign_in(ADMIN_TOKEN)
+    page = await admin.page("/ui/tasks")
+    assert attribute_values(page, "data-task") == ["noop", "fail"]  # the most attempts first
+    assert re.findall(r'<td class="num">([^<]*)</td>', cells(page, "data-task", "noop")) == [
+        "5",
+        "5",
+        "50.0",
+    ]
+    assert re.findall(r'<td class="num">([^<]*)</td>', cells(page, "data-task", "fail")) == [
+        "1",
+        "2",
+        "66.7",
+    ]
+    assert '<div id="task-charts" class="charts"' in page
+
+    activity = (await admin.client.get("/ui/api/tasks")).json()
+    assert len(activity["minutes"]) == 60
+    assert [t["task"] for t in activity["tasks"]] == ["noop", "fail"]
+    noop = activity["tasks"][0]
+    assert noop["series"] == ["completed", "failed"]
+    completed, failed = noop["counts"]
+    assert sum(completed) == 5 and completed[-1] + completed[-2] == 5
+    assert sum(failed) == 5 and failed[49] + failed[48] == 5  # ten minutes ago
+
+    own = await sign_in(alpha["token"])
+    await own.page("/ui/tasks", 404)
+    assert (await own.client.get("/ui/api/tasks")).status_code == 404
+    assert "/ui/tasks" not in await own.page("/ui/runs")

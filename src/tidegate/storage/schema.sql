@@ -656,8 +656,11 @@ CREATE TABLE ingress_counters (
 );
 
 -- Counts per minute for the dashboard's charts: webhook answers by project and outcome
--- ('admission'), finished attempts by lane and outcome ('attempt', added by the workers'
--- heartbeats). Rows older than an hour are deleted by whoever adds.
+-- ('admission'), finished attempts by lane, task and outcome ('attempt', added by the
+-- workers' heartbeats and the rescuer). Rows older than an hour are deleted by whoever
+-- adds. The task is here, not read from the finished runs, so that the tasks page's
+-- chart costs the hour's rows of this table (a few per task and minute) however many
+-- runs finished in it.
 CREATE TABLE minute_counts (
     minute  timestamptz NOT NULL,
     source  text        NOT NULL,
@@ -665,5 +668,6 @@ CREATE TABLE minute_counts (
     lane    text        NOT NULL,  -- '' for admissions
     outcome text        NOT NULL,
     count   bigint      NOT NULL,
-    PRIMARY KEY (minute, source, project, lane, outcome)
+    task    text        NOT NULL DEFAULT '',  -- '' for admissions
+    CONSTRAINT minute_counts_pkey PRIMARY KEY (minute, source, project, lane, task, outcome)
 );

@@ -19,9 +19,10 @@ from fastapi.staticfiles import StaticFiles
 
 def install(server: FastAPI) -> None:
     """Add the dashboard's routes and static files to ``server``."""
-    from tidegate.ui import pages, runs, triggers
+    from tidegate.ui import controls, pages, runs, triggers
 
     server.include_router(pages.router)
+    server.include_router(controls.router)
     server.include_router(runs.router)
     server.include_router(triggers.router)
     server.mount("/ui/static", StaticFiles(packages=[("tidegate.ui", "static")]), name="ui-static")

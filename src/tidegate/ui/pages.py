@@ -1,5 +1,6 @@
 """The dashboard's cluster pages: sign-in, overview (with pausing and resuming a lane),
-workers, projects, keys, schedules.
+workers (with the runs each runs now), tasks (attempts per minute of each), projects,
+keys, schedules.
 
 Every statement a page runs is given the session's project (None for the super admin)
 and filters by it; what is the whole cluster's and cannot be split by project (lane
@@ -53,6 +54,20 @@ MAX_PROJECTS = 100
 MAX_KEYS = 100
 """Rows of the keys page."""
 MAX_WORKERS = 1000
+RUNNING_PER_WORKER = 50
+"""Runs listed under each worker, the longest running first: a worker with more slots
+shows its oldest, so the page reads at most ``MAX_WORKERS`` times this many runs."""
+TASK_MINUTES = 60
+"""The tasks page's window: the hour minute_counts keeps."""
+MAX_TASK_CHARTS = 20
+"""Tasks charted, the most attempts first."""
+TASK_OUTCOMES = {
+    "completed": ["succeeded"],
+    "failed": ["failed", "discarded", "rescued"],
+}
+"""The tasks page's two series and the attempt outcomes (worker/counters.py) each
+counts: a failed attempt is one that raised, retried or not, or whose worker died
+under it (rescued). A Retry(), a Cancel and a late outcome are neither."""
 MAX_SCHEDULES = 1000
 MAX_TOKEN_CHARS = 200
 """Longer than any token tidegate makes: not looked up."""
@@ -200,12 +215,68 @@ async def workers(request: Request, session: Current) -> HTMLResponse:
     _admin_only(session)
     api = api_of(request)
     found = await api.run(list_workers(MAX_WORKERS))
+    params = {"workers": [w["id"] for w in found], "per_worker": RUNNING_PER_WORKER}
+    running: dict[str, list[dict[str, Any]]] = {}
+    for run in await api.run(rows("list_running_runs", params)):
+        running.setdefault(run["worker_id"], []).append(run)
     return render(
         request,
         "workers.html",
         workers=found,
+        running=running,
+        per_worker=RUNNING_PER_WORKER,
         live_seconds=3 * api.settings.heartbeat_seconds,
     )
+
+
+async def _task_activity(request: Request) -> tuple[list[int], dict[str, dict[str, list[int]]]]:
+    """The last ``TASK_MINUTES`` minutes (epoch seconds) and, for each of the busiest
+    ``MAX_TASK_CHARTS`` tasks, its attempts per minute by ``TASK_OUTCOMES`` series."""
+    found = await api_of(request).run(
+        rows(
+            "read_task_activity",
+            {"minutes": TASK_MINUTES, "max_tasks": MAX_TASK_CHARTS, **TASK_OUTCOMES},
+        )
+    )
+    now = int(time.time()) // 60 * 60
+    minutes = [now - 60 * (TASK_MINUTES - 1 - i) for i in range(TASK_MINUTES)]
+    position = {minute: i for i, minute in enumerate(minutes)}
+    tasks: dict[str, dict[str, list[int]]] = {}
+    for row in found:
+        series = tasks.setdefault(row["task"], {name: [0] * TASK_MINUTES for name in TASK_OUTCOMES})
+        if row["minute"] in position:
+            series[row["series"]][position[row["minute"]]] += row["count"]
+    return minutes, tasks
+
+
+@router.get("/tasks")
+async def tasks(request: Request, session: Current) -> HTMLResponse:
+    """Each task's attempts of the last hour, completed and failed, with a chart of each
+    per minute: the super admin's, as attempts are counted per task and lane, not per
+    project."""
+    _admin_only(session)
+    _, found = await _task_activity(request)
+    totals: list[dict[str, Any]] = [
+        {"task": task, **{name: sum(counts) for name, counts in series.items()}}
+        for task, series in found.items()
+    ]
+    totals.sort(key=lambda row: (-(row["completed"] + row["failed"]), row["task"]))
+    return render(request, "tasks.html", tasks=totals, minutes=TASK_MINUTES, limit=MAX_TASK_CHARTS)
+
+
+@router.get("/api/tasks")
+async def task_activity(request: Request, session: Current) -> JSONResponse:
+    """The tasks page's charts: ``{"minutes": [epoch seconds...], "tasks": [{"task",
+    "series": ["completed", "failed"], "counts": [[...], [...]]}...]}``, the tasks with
+    the most attempts first."""
+    _admin_only(session)
+    minutes, found = await _task_activity(request)
+    ordered = sorted(found, key=lambda task: (-sum(map(sum, found[task].values())), task))
+    charts = [
+        {"task": task, "series": list(TASK_OUTCOMES), "counts": list(found[task].values())}
+        for task in ordered
+    ]
+    return JSONResponse({"minutes": minutes, "tasks": charts})
 
 
 @router.get("/projects")

@@ -116,9 +116,11 @@ async def runs(request: Request, session: Current) -> HTMLResponse:
         (row["state"], row["runs"], "/ui/runs?" + urlencode({**others, "state": row["state"]}))
         for row in counted
     ]
+    shown = {**kept, **({"before": str(before)} if before else {})}
     return render(
         request,
         "runs.html",
+        here="/ui/runs" + (f"?{urlencode(shown)}" if shown else ""),
         runs=found,
         filters=filters,
         before=before,

@@ -1,7 +1,11 @@
 """The dashboard's HTML: Jinja2 templates shipped as package data, escaped by default.
 
-Every page gets the session's caller (to show or hide what only the super admin sees)
-and its CSRF token, which each form carries and ``ui.js`` sends with htmx requests.
+Every page gets the session's caller (to show or hide what only the super admin sees),
+its CSRF token, which each form carries and ``ui.js`` sends with htmx requests, and
+``here``, its own address: a list page polls it for its rows (htmx's ``hx-select``). A
+list with filters or pages gives its own ``here``, with the query of the filters and
+the page it shows as it read them (never what else the address held), so a refresh
+keeps them.
 
 Times have one format on every page: how long ago, or how soon (``3.2 s ago``, ``in 5
 min``), with the UTC time to the second in the element's title (``moment``); lengths of
@@ -98,7 +102,7 @@ def render(request: Request, template: str, status: int = 200, **context: Any) -
         caller=session.caller if session else None,
         csrf_token=session.csrf_token if session else "",
         path=request.url.path,
-        **context,
+        **({"here": request.url.path} | context),
     )
     return HTMLResponse(html, status_code=status)
 

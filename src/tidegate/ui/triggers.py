@@ -100,9 +100,13 @@ async def log(trigger_id: IdPath, request: Request, session: Current) -> HTMLRes
         last = found[-1]
         position = f"{last['kind']}.{last['id']}.{last['received_at'].isoformat()}"
         older = f"/ui/triggers/{trigger_id}/log?" + urlencode({"before": position})
+    here = request.url.path
+    if before_at is not None:
+        here += "?" + urlencode({"before": request.query_params["before"]})
     return render(
         request,
         "trigger_log.html",
+        here=here,
         trigger=trigger,
         rows=found,
         older=older,

@@ -23,7 +23,7 @@ minutes AS (
     FROM counts
     GROUP BY project, outcome
     ORDER BY project, outcome
-    ON CONFLICT (minute, source, project, lane, outcome) DO UPDATE
+    ON CONFLICT (minute, source, project, lane, task, outcome) DO UPDATE
     SET count = m.count + excluded.count
 ),
 -- A trigger deleted meanwhile takes its log with it: its requests are not kept.

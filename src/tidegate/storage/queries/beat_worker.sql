@@ -38,13 +38,16 @@ counted AS (
 ),
 -- Other workers add to the same rows: the same order everywhere, so none deadlock.
 minutes AS (
-    INSERT INTO minute_counts AS m (minute, source, project, lane, outcome, count)
-    SELECT date_trunc('minute', now()), 'attempt', '', n.lane, n.outcome, sum(n.attempts)
-    FROM jsonb_to_recordset(%(counters)s::jsonb) AS n(lane text, outcome text, attempts bigint)
+    INSERT INTO minute_counts AS m (minute, source, project, lane, task, outcome, count)
+    SELECT date_trunc('minute', now()), 'attempt', '', n.lane, n.task, n.outcome,
+           sum(n.attempts)
+    FROM jsonb_to_recordset(%(counters)s::jsonb) AS n(
+        task text, lane text, outcome text, attempts bigint
+    )
     WHERE n.outcome <> 'claimed'
-    GROUP BY n.lane, n.outcome
-    ORDER BY n.lane, n.outcome
-    ON CONFLICT (minute, source, project, lane, outcome) DO UPDATE
+    GROUP BY n.lane, n.task, n.outcome
+    ORDER BY n.lane, n.task, n.outcome
+    ON CONFLICT (minute, source, project, lane, task, outcome) DO UPDATE
     SET count = m.count + excluded.count
 )
 -- A heartbeat commits without waiting for the WAL flush: a crash may lose the last

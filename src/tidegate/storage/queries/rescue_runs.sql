@@ -57,12 +57,11 @@ counted AS (
     SET attempts = c.attempts + excluded.attempts
 ),
 minutes AS (
-    INSERT INTO minute_counts AS m (minute, source, project, lane, outcome, count)
-    SELECT date_trunc('minute', now()), 'attempt', '', lane, 'rescued', sum(rescued)
+    INSERT INTO minute_counts AS m (minute, source, project, lane, task, outcome, count)
+    SELECT date_trunc('minute', now()), 'attempt', '', lane, task, 'rescued', rescued
     FROM by_series
-    GROUP BY lane
-    ORDER BY lane
-    ON CONFLICT (minute, source, project, lane, outcome) DO UPDATE
+    ORDER BY lane, task
+    ON CONFLICT (minute, source, project, lane, task, outcome) DO UPDATE
     SET count = m.count + excluded.count
 )
 SELECT by_series.task, by_series.lane, by_series.rescued

@@ -1,4 +1,5 @@
-// The dashboard's own script: the CSRF header on htmx requests, and the two charts.
+// The dashboard's own script: the CSRF header on htmx requests, the pause of a list's
+// refresh while a form is being filled, the overview's two charts and the tasks' charts.
 // Plain JavaScript, no build step; uPlot and htmx are loaded before it.
 "use strict";
 
@@ -10,6 +11,38 @@
   document.body.addEventListener("htmx:configRequest", function (event) {
     if (csrf && csrf.content) {
       event.detail.headers["X-CSRF-Token"] = csrf.content;
+    }
+  });
+
+  // A list page polls its own address for its rows (data-live, hx-select). A poll is
+  // skipped while the person is filling a form: a field has the focus, or some field
+  // holds what they typed and have not sent. The rows swap under an unmoved page: the
+  // scroll positions stay, and so do the filters, which the polled address carries.
+  function filling() {
+    var active = document.activeElement;
+    if (active && active.form && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) {
+      return true;
+    }
+    return Array.prototype.some.call(document.forms, function (form) {
+      return Array.prototype.some.call(form.elements, function (field) {
+        if (field.type === "checkbox" || field.type === "radio") {
+          return field.checked !== field.defaultChecked;
+        }
+        if (field.tagName === "SELECT") {  // none marked selected: the first is shown
+          var first = Array.prototype.findIndex.call(field.options, function (option) {
+            return option.defaultSelected;
+          });
+          return field.selectedIndex !== Math.max(first, 0);
+        }
+        return field.type !== "hidden" && "defaultValue" in field && field.value !== field.defaultValue;
+      });
+    });
+  }
+
+  document.body.addEventListener("htmx:beforeRequest", function (event) {
+    var element = event.detail.elt;
+    if (element.hasAttribute("data-live") && (document.hidden || filling())) {
+      event.preventDefault();
     }
   });
 
@@ -27,7 +60,7 @@
       return;
     }
     if (!data || data.series.length === 0) {
-      element.textContent = "Nothing counted in the last 30 minutes.";
+      element.textContent = "Nothing counted in the last " + minutes.length + " minutes.";
       if (charts[id]) {
         charts[id].destroy();
         delete charts[id];
@@ -82,8 +115,89 @@
       .catch(function () { /* the next poll tries again */ });
   }
 
+  // The tasks page: a chart per task, in the order the server gives (the most attempts
+  // first); a task's figure is made the first time it is in the data, and removed when
+  // it is no longer.
+  var taskCharts = {};  // task name -> its chart's element id
+  var taskChartsMade = 0;
+
+  function drawTasks(activity) {
+    var box = document.getElementById("task-charts");
+    var kept = {};
+    activity.tasks.forEach(function (task, i) {
+      if (!taskCharts.hasOwnProperty(task.task)) {
+        taskChartsMade += 1;
+        taskCharts[task.task] = "task-chart-" + taskChartsMade;
+      }
+      var id = taskCharts[task.task];
+      kept[id] = true;
+      var chart = document.getElementById(id);
+      if (!chart) {
+        var figure = document.createElement("figure");
+        var caption = document.createElement("figcaption");
+        var code = document.createElement("code");
+        code.textContent = task.task;
+        caption.appendChild(code);
+        caption.appendChild(document.createTextNode(": attempts per minute"));
+        chart = document.createElement("div");
+        chart.id = id;
+        chart.className = "chart task-chart";
+        chart.setAttribute("data-task", task.task);
+        figure.appendChild(caption);
+        figure.appendChild(chart);
+        box.appendChild(figure);
+      }
+      if (box.children[i] !== chart.parentNode) {
+        box.insertBefore(chart.parentNode, box.children[i]);
+      }
+      draw(id, task, activity.minutes);
+    });
+    Array.prototype.slice.call(box.querySelectorAll(".task-chart")).forEach(function (chart) {
+      if (!kept[chart.id]) {
+        delete taskCharts[chart.getAttribute("data-task")];
+        if (charts[chart.id]) {
+          charts[chart.id].destroy();
+          delete charts[chart.id];
+        }
+        box.removeChild(chart.parentNode);
+      }
+    });
+  }
+
+  function refreshTasks() {
+    if (!document.getElementById("task-charts")) {
+      return;
+    }
+    fetch("/ui/api/tasks", { credentials: "same-origin" })
+      .then(function (response) {
+        if (response.status === 401) {
+          window.location = "/ui/login";
+          return null;
+        }
+        return response.ok ? response.json() : null;
+      })
+      .then(function (activity) {
+        if (activity) {
+          drawTasks(activity);
+        }
+      })
+      .catch(function () { /* the next poll tries again */ });
+  }
+
+  // A chart is drawn at its box's width: when the window's changes, so do the charts'.
+  window.addEventListener("resize", function () {
+    Object.keys(charts).forEach(function (id) {
+      var element = document.getElementById(id);
+      if (element) {
+        charts[id].plot.setSize({ width: Math.max(element.clientWidth, 300), height: 220 });
+      }
+    });
+  });
+
   refresh();
   setInterval(refresh, 5000);
+  refreshTasks();
+  setInterval(refreshTasks, 5000);
 
   // A fragment refused for want of a session: back to the sign-in page.
   document.body.addEventListener("htmx:responseError", function (event) {
