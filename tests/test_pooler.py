@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -30,6 +31,7 @@ from tests.http_fixtures import (
     ApiServer,
     create_project,
     create_trigger,
+    database_env,
     free_port,
     wait_for_workers,
 )
@@ -285,6 +287,25 @@ async def test_a_schedule_ticks_through_pgbouncer(app: Tidegate, sql: psycopg.Co
         "SELECT scheduled_at, count(*) FROM runs WHERE task = 'record' GROUP BY 1"
     ).fetchall()
     assert all(n == 1 for _, n in ticks)
+
+
+def test_migrate_with_the_pooler_settings_runs_once_on_a_session_of_postgresql_itself(
+    settings: Settings, sql: psycopg.Connection
+) -> None:
+    """Two ``tidegate migrate`` at once, given the pooler's URL as every process is: the
+    session lock that makes one wait for the other is taken on the listen URL, so the
+    schema is made once and both succeed."""
+    env = {**os.environ, **database_env(settings)}
+    command = [sys.executable, "-m", "tidegate", "migrate"]
+    processes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    rows = sql.execute("SELECT version, count(*) FROM migrations GROUP BY 1").fetchall()
+    assert rows and all(n == 1 for _, n in rows)
+    assert sum("(up to date)" in output for output in outputs) >= 1, outputs
 
 
 def test_a_pooler_needs_a_url_of_postgresql_itself_for_listen() -> None:

@@ -3,7 +3,8 @@ release's ``migrate`` left (docs/deployment.md, "Rolling a release").
 
 The previous release is the code as it was before the last commit that changed
 ``src/tidegate/storage`` (``git log --first-parent``), extracted with ``git archive``
-and run from its own ``src`` in this virtualenv: its worker does the runs this code
+and run from its own ``src`` in this virtualenv. Its ``migrate`` makes the schema, as a
+deployment's was; this code migrates it; then its worker does the runs this code
 enqueues, and its API admits a webhook into the runs this code's schema holds. A later
 release is played by hand: it adds a column to every table and a table, and changes a
 function's arguments by adding one with a default, as the expand rules allow; this
@@ -104,15 +105,24 @@ def states(sql: psycopg.Connection, task: str) -> dict[str, int]:
     return dict(rows.fetchall())
 
 
+@pytest.fixture
+def current(settings: Settings) -> Iterator[Tidegate]:
+    """This code's app on the test's schema, not migrated yet."""
+    app = Tidegate(settings=settings)
+    yield app
+    app.close()
+
+
 async def test_the_previous_release_serves_on_the_schema_this_release_migrated(
-    app: Tidegate,
+    current: Tidegate,
     settings: Settings,
     sql: psycopg.Connection,
     previous: tuple[str, Path],
     tmp_path: Path,
 ) -> None:
-    """This code migrates (the ``app`` fixture); the previous release's worker does the
-    runs this code enqueues, and its API admits a webhook this code's trigger takes."""
+    """The previous release's migrate makes the schema, as it was before the release;
+    this code migrates it; the previous release's worker does the runs this code
+    enqueues, and its API admits a webhook this code's trigger takes."""
     commit, folder = previous
     env = previous_env(folder, settings)
     which = subprocess.run(
@@ -124,6 +134,12 @@ async def test_the_previous_release_serves_on_the_schema_this_release_migrated(
         check=True,
     )
     assert which.stdout.strip().startswith(str(folder)), which.stdout
+    made = subprocess.run(
+        [*TIDEGATE, "migrate"], env=env, cwd=folder, capture_output=True, text=True, check=False
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    current.migrate()
+    app = current
     runs = app.enqueue_many([NewRun("where", {}) for _ in range(20)])
     log = tmp_path / "worker.log"
     with log.open("wb") as output:
