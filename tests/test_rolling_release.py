@@ -290,7 +290,7 @@ async def test_this_release_serves_on_a_schema_a_later_expand_release_migrated(
             accepted = await client.post(triggers["async"], json={"n": 1})
             assert accepted.status_code == 202, accepted.text
             answered = await client.post(triggers["sync"], json={"n": 2})
-            assert (answered.status_code, answered.json()) == (200, {"n": 2})
+            assert (answered.status_code, answered.json()["body"]) == (200, {"n": 2})
         app.enqueue_many([NewRun("echo", {"n": n}) for n in range(10)])
         await wait_until(lambda: states(sql, "echo") == {"succeeded": 12}, DONE_SECONDS)
     finally:
