@@ -320,7 +320,7 @@ def test_a_schema_serves_code_from_its_newest_release_floor_on(
         later = play_a_later_release(conn, settings.schema, serves_from=latest_version())
         check_schema(conn, settings.schema)
         sql.execute("UPDATE releases SET serves_from = %s WHERE version = %s", [later, later])
-        with pytest.raises(SchemaError, match=rf"at version {later} and serves tidegate from"):
+        with pytest.raises(SchemaError, match=rf"at version {later}, newer than this tidegate"):
             check_schema(conn, settings.schema)
         with pytest.raises(SchemaError, match="upgrade tidegate"):
             migrate(conn, settings.schema)

@@ -355,7 +355,9 @@ class SchemaRelease:
                 "run `tidegate migrate`"
             )
         if self.serves_from > want:  # never its own version: SERVES_FROM is at most it
-            return _newer(schema, have, want, self.serves_from)
+            # A floor at the schema's own version is said as before: newer, and no more.
+            floor = self.serves_from if self.serves_from < have else None
+            return _newer(schema, have, want, floor)
         if have == want and not self.served:
             return f"schema {schema!r} lacks this tidegate's functions: run `tidegate migrate`"
         return None
