@@ -3,6 +3,7 @@ of one primary rests on.
 
 ::
 
+    python -m bench.capacity                  # a private embedded PostgreSQL (quiet: all ours)
     python -m bench.capacity --database-url postgresql://postgres@127.0.0.1:5432/test
 
 Each phase runs on a schema of its own, after a ``CHECKPOINT`` (so the WAL counted holds
@@ -23,8 +24,9 @@ postmaster's children), both per run, and the most client connections the databa
   admission    ``--runs`` / 10 async webhooks from 16 clients to one API process: the
                admission and the insert of request and run, no worker running
 
-Every PostgreSQL process counts, other users' too on a shared server: run it on a quiet
-one. A phase too short for /proc's 10 ms ticks reads 0 CPU: keep ``--runs`` >= 10,000.
+Every PostgreSQL process counts, and all of the server's WAL, other users' too on a shared
+server: run it on a quiet one, or on the private embedded server (no ``--database-url``).
+A phase too short for /proc's 10 ms ticks reads 0 CPU: keep ``--runs`` >= 10,000.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import httpx
 import psycopg
 
 from bench.harness import (
+    EMBEDDED_DATA_DIR,
     WorkerProcess,
     child_env,
     fresh_schema,
@@ -56,7 +59,7 @@ from tidegate import NewRun, Settings, Tidegate
 app = Tidegate()
 HOLD_LANE = "held"
 HOLD_RUNS = 500
-HOLD_SECONDS = 25.0
+HOLD_SECONDS = 12.0
 """From the enqueue of the held runs to their end: the worker's start and every claim
 fit well inside it."""
 
@@ -257,10 +260,14 @@ async def _admit(base: str, webhooks: int, phase: Phase) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="What a run costs PostgreSQL, by phase.")
-    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--database-url", help="default: the embedded server of bench/")
     parser.add_argument("--runs", type=int, default=20_000)
     options = parser.parse_args(argv)
     url, runs = options.database_url, options.runs
+    if url is None:
+        from tidegate.storage.embedded import start_embedded
+
+        url = start_embedded(EMBEDDED_DATA_DIR)
     phase = Phase(url)
     found: dict[str, Any] = {
         "server": phase.conn.info.server_version,
