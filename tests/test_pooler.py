@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -26,7 +27,14 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.conftest import FAST, running_worker, spawn_worker, stop_worker, wait_until
-from tests.http_fixtures import ApiServer, create_project, create_trigger, free_port
+from tests.http_fixtures import (
+    ApiServer,
+    create_project,
+    create_trigger,
+    database_env,
+    free_port,
+    wait_for_workers,
+)
 from tests.test_admission import most_at_once
 from tidegate import ConfigError, NewRun, Settings, Tidegate
 from tidegate.schedules import create_schedule
@@ -161,6 +169,59 @@ async def test_fast_lane_cap_holds_across_api_processes_through_pgbouncer_on_few
     assert 0 < most[1] <= 4, most
 
 
+FLEET = 8
+"""API processes, and as many workers, of the fleet test: more processes than the pool
+has connections."""
+
+
+async def test_a_fleet_of_api_processes_and_workers_runs_every_webhook_on_the_pool(
+    start_api: Callable[..., ApiServer],
+    settings: Settings,
+    sql: psycopg.Connection,
+    names: tuple[str, str],
+) -> None:
+    """8 API processes and 8 workers (2 slots each) on a pool of 5: 300 async webhooks
+    sent 32 at a time, over connections the API processes share, are all admitted and
+    all run, and PostgreSQL sees at most the pool plus one listener per process."""
+    api = start_api(processes=FLEET)
+    workers = [spawn_worker(settings, "manual>*:2") for _ in range(FLEET)]
+    pooled, listen = names
+    most = [0, 0]
+
+    async def watch() -> None:
+        while True:
+            most[0] = max(most[0], backends(sql, pooled))
+            most[1] = max(most[1], backends(sql, listen))
+            await asyncio.sleep(0.02)
+
+    def done() -> bool:
+        row = sql.execute("SELECT count(*) FROM runs WHERE state = 'succeeded'").fetchone()
+        return row == (300,)
+
+    assert settings.listen_database_url
+    wait_for_workers(settings.listen_database_url, settings.schema, FLEET, timeout=60)
+    # From here on: a worker's check of the schema at its start is a session of its own
+    # for a moment, before it heartbeats.
+    watcher = asyncio.create_task(watch())
+    try:
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=32)
+        async with httpx.AsyncClient(base_url=api.url, timeout=60, limits=limits) as client:
+            await create_project(client, "fleet")
+            trigger = await create_trigger(client, "fleet", "orders", mode="async", task="noop")
+            responses = await asyncio.wait_for(
+                asyncio.gather(*(client.post(trigger["url"], json={"n": n}) for n in range(300))),
+                timeout=120,
+            )
+        assert {r.status_code for r in responses} == {202}
+        await wait_until(done, 120)
+    finally:
+        watcher.cancel()
+        exits = [stop_worker(worker) for worker in workers]
+    assert exits == [0] * FLEET
+    assert 0 < most[0] <= POOL_SIZE, most
+    assert 0 < most[1] <= 2 * FLEET, most
+
+
 async def test_max_running_and_rescue_hold_through_pgbouncer(
     app: Tidegate, settings: Settings, sql: psycopg.Connection
 ) -> None:
@@ -226,6 +287,25 @@ async def test_a_schedule_ticks_through_pgbouncer(app: Tidegate, sql: psycopg.Co
         "SELECT scheduled_at, count(*) FROM runs WHERE task = 'record' GROUP BY 1"
     ).fetchall()
     assert all(n == 1 for _, n in ticks)
+
+
+def test_migrate_with_the_pooler_settings_runs_once_on_a_session_of_postgresql_itself(
+    settings: Settings, sql: psycopg.Connection
+) -> None:
+    """Two ``tidegate migrate`` at once, given the pooler's URL as every process is: the
+    session lock that makes one wait for the other is taken on the listen URL, so the
+    schema is made once and both succeed."""
+    env = {**os.environ, **database_env(settings)}
+    command = [sys.executable, "-m", "tidegate", "migrate"]
+    processes = [
+        subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for _ in range(2)
+    ]
+    outputs = [process.communicate(timeout=120)[0].decode() for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    rows = sql.execute("SELECT version, count(*) FROM migrations GROUP BY 1").fetchall()
+    assert rows and all(n == 1 for _, n in rows)
+    assert sum("(up to date)" in output for output in outputs) >= 1, outputs
 
 
 def test_a_pooler_needs_a_url_of_postgresql_itself_for_listen() -> None:

@@ -71,7 +71,12 @@ from tidegate.settings import (
 )
 from tidegate.storage.database import Database, describe_database, describe_failure
 from tidegate.storage.embedded import embedded_status, find_data_dir
-from tidegate.storage.migrate import check_schema, latest_version, schema_version
+from tidegate.storage.migrate import (
+    check_schema,
+    latest_version,
+    read_schema_release,
+    schema_version,
+)
 from tidegate.storage.sql import Steps
 from tidegate.tasks import find_tasks, list_tasks
 from tidegate.unique import DEFAULT_STATES
@@ -571,7 +576,9 @@ def db(ctx: click.Context) -> None:
         info["embedded"] = embedded_status(settings.data_dir)
     else:
         with Database(settings).connect() as conn:
-            info["schema_version"] = schema_version(conn, settings.schema)
+            release = read_schema_release(conn, settings.schema)
+            info["schema_version"] = release.version
+            info["schema_serves_from"] = release.serves_from
             info["server_version"] = conn.info.server_version
     click.echo(json.dumps(info, indent=2))
 

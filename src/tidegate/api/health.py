@@ -12,12 +12,15 @@ question of its own (``/readyz/workers``, and ``tidegate_workers_live`` in ``/me
 
 from __future__ import annotations
 
+from functools import cache
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from tidegate.api.kernel import DATABASE_RETRY_AFTER_SECONDS, Api, problem
 from tidegate.figures import read_live_workers
-from tidegate.storage.migrate import latest_version
+from tidegate.storage.migrate import SchemaRelease, functions_fingerprint, latest_version
 from tidegate.storage.sql import Statement, Steps
 
 router = APIRouter(tags=["health"])
@@ -31,15 +34,15 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", operation_id="getReadiness")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready to accept requests: the database answers, and its schema is the one this
-    code needs. Live workers are not asked for (``/readyz/workers`` is)."""
+    """Ready to accept requests: the database answers, and its schema serves this code
+    (its own, or a later release's that still serves it, while a release rolls). Live
+    workers are not asked for (``/readyz/workers`` is)."""
     api: Api = request.app.state.api
-    version = await api.run(_schema_version())
-    wanted = latest_version()
-    if version != wanted:
-        retry = {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)}
-        return problem(503, f"schema is at version {version}, this server needs {wanted}", retry)
-    return JSONResponse({"status": "ready", "schema_version": version})
+    release = await api.run(_schema_release())
+    refusal = release.refusal(api.settings.schema, _code_release()["version"])
+    if refusal is not None:
+        return problem(503, refusal, {"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)})
+    return JSONResponse({"status": "ready", "schema_version": release.version})
 
 
 @router.get("/readyz/workers", operation_id="getWorkersHealth")
@@ -60,7 +63,14 @@ async def workers_health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "ok", **counts})
 
 
-def _schema_version() -> Steps[int]:
-    """The schema's applied version."""
-    rows = yield Statement("check_ready", {})
-    return int(rows[0][0]) if rows else 0
+@cache
+def _code_release() -> dict[str, Any]:
+    """This code's release: its version and its functions' fingerprint (read from the
+    package's files once, not at every probe)."""
+    return {"version": latest_version(), "functions": functions_fingerprint()}
+
+
+def _schema_release() -> Steps[SchemaRelease]:
+    """What the schema serves, for this code's release."""
+    [row] = yield Statement("read_schema_release", _code_release())
+    return SchemaRelease(*row)

@@ -13,6 +13,16 @@ Three kinds of file, all package data:
 ``migrate`` holds a session-level advisory lock on the schema's name throughout, so two
 processes migrating at once do the work once: the second waits, then finds it done.
 
+A release rolls (docs/deployment.md, "Rolling a release"): its ``migrate`` runs while the
+previous release's workers and API processes go on, so a process starts on any schema
+that still serves its code, not only on its own. The ``releases`` table records each
+release that migrated the schema: its version, the fingerprint of its function files and
+``SERVES_FROM``, the oldest version whose code the schema it leaves still serves. Code at
+version ``v`` runs on a schema at version ``V`` when ``V > v`` and the newest release's
+floor is at most ``v`` (the newer tables and functions promise to serve it), or when
+``V == v`` and its own functions' fingerprint is recorded at ``v`` (its functions, or a
+later release's of the same version, which serve it as well).
+
 1. Tables. A schema without a ``migrations`` table is fresh: ``schema.sql`` runs and every
    shipped migration is recorded as applied, in one transaction. Otherwise the missing
    migrations run in order, each in its own transaction, so a later one can use what an
@@ -47,6 +57,15 @@ import psycopg
 from psycopg import sql
 
 from tidegate.errors import SchemaError
+from tidegate.storage.sql import query
+
+SERVES_FROM = 34
+"""The oldest schema version whose code runs on the schema this code's ``migrate`` leaves.
+
+An expand release (migrations that only add, functions that keep their old calls
+working) leaves it; a contract release (a migration that drops, renames or tightens
+what the code of a version still uses, a function whose old call no longer works) raises
+it past the versions it breaks. Never above this code's own version."""
 
 _FILE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
 _FUNCTION_FILE = re.compile(r"([a-z0-9_]+)\.sql")
@@ -91,6 +110,13 @@ def functions() -> list[Function]:
     return sorted(found, key=lambda f: f.name)
 
 
+def functions_fingerprint() -> str:
+    """Return the sha256 of every shipped function file's name and text: which release's
+    functions these are, as the ``releases`` table records them."""
+    listing = "".join(f"{f.name} {f.checksum}\n" for f in functions())
+    return hashlib.sha256(listing.encode()).hexdigest()
+
+
 def schema_text() -> str:
     """Return ``schema.sql``: today's tables, for a fresh schema."""
     return resources.files("tidegate.storage").joinpath("schema.sql").read_text()
@@ -126,6 +152,13 @@ def migrate(conn: psycopg.Connection, schema: str) -> list[int]:
                 " name text PRIMARY KEY, checksum text NOT NULL, routines text[] NOT NULL,"
                 " applied_at timestamptz NOT NULL DEFAULT now())"
             )
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS releases ("
+                " position bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+                " version integer NOT NULL, functions text NOT NULL,"
+                " serves_from integer NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),"
+                " UNIQUE (version, functions))"
+            )
             if fresh:
                 conn.execute(schema_text().encode())
                 for migration in shipped:
@@ -144,10 +177,35 @@ def migrate(conn: psycopg.Connection, schema: str) -> list[int]:
                 _record_migration(conn, migration)
             applied_now.append(migration.version)
         _apply_functions(conn, schema)
+        _record_release(conn, schema, shipped[-1].version)
     finally:
         if not conn.broken:
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", lock)
     return applied_now
+
+
+def _record_release(conn: psycopg.Connection, schema: str, version: int) -> None:
+    """Record that this code's tables and functions are the schema's now.
+
+    A release recorded after this one (the same version: a newer release that changed
+    functions only) is forgotten: its functions were just replaced by these, so the
+    schema no longer serves its code until its own ``migrate`` runs again.
+    """
+    release = {"version": version, "functions": functions_fingerprint()}
+    with conn.transaction():
+        _use(conn, schema)
+        conn.execute(
+            "DELETE FROM releases WHERE position >"
+            " (SELECT position FROM releases"
+            "  WHERE version = %(version)s AND functions = %(functions)s)",
+            release,
+        )
+        conn.execute(
+            "INSERT INTO releases (version, functions, serves_from)"
+            " VALUES (%(version)s, %(functions)s, %(serves_from)s)"
+            " ON CONFLICT (version, functions) DO UPDATE SET serves_from = excluded.serves_from",
+            {**release, "serves_from": SERVES_FROM},
+        )
 
 
 def _use(conn: psycopg.Connection, schema: str) -> None:
@@ -265,34 +323,89 @@ def schema_version(conn: psycopg.Connection, schema: str) -> int:
     return int(row[0]) if row else 0
 
 
-def _newer(schema: str, have: int, want: int) -> str:
+def _newer(schema: str, have: int, want: int, serves_from: int | None = None) -> str:
+    serves = "" if serves_from is None else f" and serves tidegate from version {serves_from} on"
     return (
-        f"schema {schema!r} is at version {have}, newer than this tidegate ({want}): "
+        f"schema {schema!r} is at version {have}{serves}, newer than this tidegate ({want}): "
         "upgrade tidegate"
     )
 
 
-def check_schema(conn: psycopg.Connection, schema: str) -> None:
-    """Raise ``SchemaError`` unless the schema is at this code's version with its functions.
+@dataclass(frozen=True)
+class SchemaRelease:
+    """What a schema says of the code it serves (``queries/read_schema_release.sql``)."""
 
-    A release may change a function and no table: its files' text is checked too, so that
-    a process never starts on the functions of another release.
+    version: int
+    """Its applied version, 0 when it has none."""
+    serves_from: int
+    """The oldest version whose code it serves: its newest release's ``SERVES_FROM``, or
+    ``version`` itself where that release recorded none (code older than the records)."""
+    served: bool
+    """Whether this code's release (its version and functions) is recorded."""
+
+    def refusal(self, schema: str, want: int) -> str | None:
+        """Return why code at version ``want`` must not run on this schema, or None.
+
+        The one rule that ``check_schema`` (at a process's start) and ``/readyz`` apply.
+        """
+        have = self.version
+        if have < want:
+            return (
+                f"schema {schema!r} is at version {have}, this tidegate needs {want}: "
+                "run `tidegate migrate`"
+            )
+        if self.serves_from > want:  # never its own version: SERVES_FROM is at most it
+            # A floor at the schema's own version is said as before: newer, and no more.
+            floor = self.serves_from if self.serves_from < have else None
+            return _newer(schema, have, want, floor)
+        if have == want and not self.served:
+            return f"schema {schema!r} lacks this tidegate's functions: run `tidegate migrate`"
+        return None
+
+
+def read_schema_release(conn: psycopg.Connection, schema: str) -> SchemaRelease:
+    """Read what the schema serves, for this code's functions.
+
+    A schema that no release recorded (unmigrated, or migrated by code older than the
+    ``releases`` table) serves only its own version's code, and this code's functions
+    are not known to be there.
     """
-    have, want = schema_version(conn, schema), latest_version()
-    if have < want:
-        raise SchemaError(
-            f"schema {schema!r} is at version {have}, this tidegate needs {want}: "
-            "run `tidegate migrate`"
-        )
-    if have > want:
-        raise SchemaError(_newer(schema, have, want))
-    applied: dict[str, str] = {}
-    if _has_table(conn, schema, "functions"):
-        query = sql.SQL("SELECT name, checksum FROM {}.functions").format(sql.Identifier(schema))
-        applied = dict(conn.execute(query).fetchall())
-    differ = [f.name for f in functions() if applied.get(f.name) != f.checksum]
-    if differ:
-        raise SchemaError(
-            f"schema {schema!r} lacks this tidegate's functions ({', '.join(differ)}): "
-            "run `tidegate migrate`"
-        )
+    have = schema_version(conn, schema)
+    if not _has_table(conn, schema, "releases"):
+        return SchemaRelease(have, have, False)
+    with conn.transaction():
+        _use(conn, schema)
+        row = conn.execute(
+            query("read_schema_release"),
+            {"version": latest_version(), "functions": functions_fingerprint()},
+        ).fetchone()
+    assert row is not None  # aggregates: always one row
+    return SchemaRelease(*row)
+
+
+def check_schema(conn: psycopg.Connection, schema: str) -> None:
+    """Raise ``SchemaError`` unless the schema serves this code (``SchemaRelease``).
+
+    A release may change a function and no table: its functions' fingerprint is checked
+    too, so that a process never starts on another release's functions, unless that
+    release is a later one that serves it.
+    """
+    want = latest_version()
+    release = read_schema_release(conn, schema)
+    refusal = release.refusal(schema, want)
+    if refusal is None:
+        return
+    if release.version == want and release.serves_from <= want:
+        applied: dict[str, str] = {}
+        if _has_table(conn, schema, "functions"):
+            query_text = sql.SQL("SELECT name, checksum FROM {}.functions").format(
+                sql.Identifier(schema)
+            )
+            applied = dict(conn.execute(query_text).fetchall())
+        differ = [f.name for f in functions() if applied.get(f.name) != f.checksum]
+        if differ:
+            refusal = (
+                f"schema {schema!r} lacks this tidegate's functions ({', '.join(differ)}): "
+                "run `tidegate migrate`"
+            )
+    raise SchemaError(refusal)
