@@ -268,7 +268,7 @@ def render(result: dict[str, Any]) -> str:
         worst = [s[phase]["worst_second"] for s in samples if s[phase]["worst_second"] is not None]
         lines.append(
             f"| {phase} | {median(lambda s, p=phase: s[p]['rate']):,.0f}"
-            f" | {statistics.median(worst) if worst else '-':,}"
+            f" | {f'{statistics.median(worst):,.0f}' if worst else '-'}"
             f" | {median(lambda s, p=phase: s[p]['seconds']):.1f} |"
         )
     lines += [
