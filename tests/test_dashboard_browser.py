@@ -8,13 +8,12 @@ for with Playwright's auto-waiting ``expect`` (generous timeouts, for a loaded 2
 machine), never with fixed sleeps.
 
 Without ``/usr/bin/chromium`` or without the ``playwright`` package, the module skips.
-Playwright's own browser download is never used. With ``TIDEGATE_SCREENSHOTS=DIR``,
-``test_screenshots_of_every_page`` writes ``DIR/dashboard-*.png`` (docs/images).
+Playwright's own browser download is never used. The screenshots of docs/dashboard.md
+are taken by ``python -m tests.screenshots``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -71,7 +70,6 @@ WAIT_MS = 30_000
 may be loaded."""
 DRAIN_MS = 120_000
 """How long a lane may take to drain, or a retried run to finish."""
-SCREENSHOTS = os.environ.get("TIDEGATE_SCREENSHOTS")
 
 expect.set_options(timeout=WAIT_MS)
 
@@ -210,14 +208,6 @@ def reload_until(page: Page, locator: Locator, count: int, timeout: float = 30) 
         )
         page.wait_for_timeout(250)
         page.reload()
-
-
-def shoot(page: Page, name: str) -> None:
-    """Save a screenshot of the viewport as ``dashboard-NAME.png`` in TIDEGATE_SCREENSHOTS."""
-    assert SCREENSHOTS
-    folder = Path(SCREENSHOTS)
-    folder.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=folder / f"dashboard-{name}.png", animations="disabled")
 
 
 # -- the tests --------------------------------------------------------------------------
@@ -514,112 +504,6 @@ def test_redoc_loads_nothing_from_another_site(browser: Browser, api: ApiServer)
     context.close()
     assert answered == []
     assert blocked == ["https://cdn.redoc.ly/redoc/logo-mini.svg csp"]
-
-
-# -- screenshots for docs/dashboard.md ------------------------------------------------
-
-SCENE_SECONDS = 300.0
-"""How long the shop works before the pictures: a few points on the per-minute charts."""
-
-
-@pytest.mark.skipif(
-    not SCREENSHOTS, reason="set TIDEGATE_SCREENSHOTS=docs/images to take the screenshots"
-)
-def test_screenshots_of_every_page(
-    admin: Page,
-    app: Tidegate,
-    client: httpx.Client,
-    start_worker_process: Callable[..., Any],
-) -> None:
-    """Run a small shop for a few minutes (three projects, four lanes, more receipts and
-    reports than the workers keep up with, webhooks over their rate, failing invoices, a
-    task no worker has), then photograph each page."""
-    for project, limits in {
-        "acme": {"ingest_rate": 1, "ingest_burst": 2, "fast_lane_cap": 2},
-        "globex": {"concurrency": 6},
-        "initech": {"backlog_cap": 5000},
-    }.items():
-        create_project(client, project, **limits)
-    orders = create_trigger(client, "acme", "orders", mode="async", task="shop.send_receipt")
-    create_trigger(client, "acme", "quotes", mode="sync", task="echo")
-    invoices = create_trigger(client, "globex", "invoices", mode="async", task="shop.sync_invoice")
-    app.set_key_policy("emails", "*", rate=12, rate_burst=6)
-    app.set_key_policy("default", "acme", max_running=2, weight=3)
-    app.set_key_policy("reports", "initech", max_running=1)
-    app.enqueue_many(
-        NewRun("shop.build_report", {"month": f"2026-{m:02}"}, project="initech", delay=3600)
-        for m in range(1, 13)
-    )
-    app.enqueue("billing.close_month", {"month": "2026-10"}, project="initech")
-    for project, name, task, timing in [
-        ("acme", "receipts-digest", "shop.send_receipt", {"cron": "*/2 * * * *"}),
-        ("globex", "invoice-sync", "shop.sync_invoice", {"interval_seconds": 45}),
-        ("initech", "month-end", "shop.build_report", {"cron": "0 6 L * *", "paused": True}),
-        ("initech", "close-books", "billing.close_month", {"cron": "* * * * *"}),
-    ]:
-        app.execute(
-            create_schedule(project, name, task, timezone="Europe/Berlin", catch_up="all", **timing)
-        )
-
-    start_worker_process("fast_lane:1 manual>*:3")
-    start_worker_process("emails:2")
-    projects = ("acme", "globex", "initech")
-    started = time.monotonic()
-    wave = 0
-    while time.monotonic() - started < SCENE_SECONDS:
-        wave += 1
-        app.enqueue_many(
-            [
-                *(
-                    NewRun("shop.send_receipt", {"order": wave * 1000 + n}, project=projects[n % 3])
-                    for n in range(120)
-                ),
-                *(
-                    NewRun("shop.sync_invoice", {"invoice": wave * 10 + n}, project="globex")
-                    for n in range(8)
-                ),
-                *(
-                    NewRun("shop.build_report", {"shop": wave * 10 + n}, project="initech")
-                    for n in range(4)
-                ),
-                NewRun("noop", project="acme", lane="fast_lane"),
-            ]
-        )
-        for n in range(4):
-            client.post(orders["url"], json={"order": wave * 1000 + n, "total": "19.90"})
-        client.post(invoices["url"], json={"invoice": wave * 10 + 9})
-        admin.wait_for_timeout(5_000)  # the pace of the shop, not a wait for a condition
-
-    admin.goto("/ui/")
-    expect(admin.locator("#throughput-chart canvas").first).to_be_visible()
-    expect(admin.locator("#admissions-chart canvas").first).to_be_visible()
-    shoot(admin, "overview")
-
-    admin.goto("/ui/runs?task=shop.sync_invoice")
-    expect(admin.locator("#runs tr[data-run]").first).to_be_visible()
-    shoot(admin, "runs")
-
-    discarded = app.list_runs(state=RunState.DISCARDED, task="shop.sync_invoice", limit=1)
-    assert discarded, "no invoice was discarded"
-    admin.goto(f"/ui/runs/{discarded[0].id}")
-    expect(admin.locator("#run-errors li")).to_have_count(2)
-    shoot(admin, "run")
-
-    admin.goto(f"/ui/triggers/{orders['id']}/log")
-    expect(admin.locator('#requests tr[data-status="429"]').first).to_be_visible()
-    shoot(admin, "webhook-log")
-
-    admin.goto("/ui/workers")
-    expect(admin.locator("#workers tbody tr")).to_have_count(2)
-    shoot(admin, "workers")
-
-    admin.goto("/ui/keys")
-    expect(admin.locator("#keys tbody tr").first).to_be_visible()
-    shoot(admin, "keys")
-
-    admin.goto("/ui/schedules")
-    expect(admin.locator('#schedules tr[data-name="invoice-sync"] td.run a')).to_be_visible()
-    shoot(admin, "schedules")
 
 
 # -- acting on limits, live lists, what workers run, tasks over time --------------------
