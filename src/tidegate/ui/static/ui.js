@@ -124,6 +124,7 @@
   function drawTasks(activity) {
     var box = document.getElementById("task-charts");
     var kept = {};
+    var drawn = [];
     activity.tasks.forEach(function (task, i) {
       if (!taskCharts.hasOwnProperty(task.task)) {
         taskChartsMade += 1;
@@ -150,7 +151,7 @@
       if (box.children[i] !== chart.parentNode) {
         box.insertBefore(chart.parentNode, box.children[i]);
       }
-      draw(id, task, activity.minutes);
+      drawn.push([id, task]);
     });
     Array.prototype.slice.call(box.querySelectorAll(".task-chart")).forEach(function (chart) {
       if (!kept[chart.id]) {
@@ -162,6 +163,9 @@
         box.removeChild(chart.parentNode);
       }
     });
+    // Drawn once every figure is in place: a chart takes its box's width when drawn, and
+    // a first figure alone would take the whole row the next ones share.
+    drawn.forEach(function (pair) { draw(pair[0], pair[1], activity.minutes); });
   }
 
   function refreshTasks() {
