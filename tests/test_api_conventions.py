@@ -219,6 +219,7 @@ OPERATION_IDS = {
     "POST /runs/retry": "retryRuns",
     "POST /runs/retry-matching": "retryMatchingRuns",
     "POST /runs/cancel-matching": "cancelMatchingRuns",
+    "POST /runs/delete-matching": "deleteMatchingRuns",
     "POST /runs/{run_id}/cancel": "cancelRun",
     "GET /admin/projects": "listProjects",
     "POST /admin/projects": "createProject",

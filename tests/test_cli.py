@@ -210,7 +210,7 @@ def test_runs_are_searched_by_args_and_a_breaker_says_why_a_run_waits(
     assert "hold" not in shown
 
 
-def test_runs_the_filters_match_are_cancelled_and_retried_in_bulk(
+def test_runs_the_filters_match_are_cancelled_retried_and_deleted_in_bulk(
     app: Tidegate, env: dict[str, str], sql: psycopg.Connection
 ) -> None:
     made = app.enqueue_many([NewRun("echo", {"n": n}, key=f"k{n % 2}") for n in range(5)])
@@ -226,6 +226,11 @@ def test_runs_the_filters_match_are_cancelled_and_retried_in_bulk(
     assert made[0].id not in lanes
     refused = invoke(env, "runs", "retry-matching", "--limit", "100001")
     assert refused.exit_code == 2
+    # Delete: only the finished run (made[0], still cancelled); the unfinished stay.
+    deleted = invoke(env, "runs", "--task", "echo", "delete-matching")
+    assert json.loads(deleted.stdout) == {"deleted": 1, "more": False}, deleted.output
+    left = {row[0] for row in sql.execute("SELECT id FROM runs").fetchall()}
+    assert left == {run.id for run in made[1:]}
 
 
 def test_schedules_are_listed_as_a_table_or_as_json(app: Tidegate, env: dict[str, str]) -> None:

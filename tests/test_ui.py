@@ -1073,7 +1073,11 @@ async def test_a_bulk_retry_and_cancel_act_on_what_the_list_shows_once_confirmed
     assert run_state(sql, ids[3])[0] == "cancelled"
     refused = await browser.client.post("/ui/bulk/cancel", data={"csrf_token": "wrong"})
     assert refused.status_code == 403
-    assert (await browser.client.get("/ui/bulk/delete")).status_code == 422
+    deleted = await browser.post("/ui/bulk/delete?" + urlencode({"args": '{"order": 3}'}))
+    assert "Deleted 1 runs" in deleted.text
+    gone = sql.execute("SELECT id FROM runs WHERE id = ANY(%s)", [ids]).fetchall()
+    assert {row[0] for row in gone} == set(ids) - {ids[3]}  # B's discarded run stays
+    assert (await browser.client.get("/ui/bulk/purge")).status_code == 422
 
 
 async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches(
@@ -1112,6 +1116,12 @@ async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches
         "/runs/cancel-matching", json={"args": {"n": 4}, "limit": 5}, headers=ADMIN
     )
     assert cancelled.json() == {"cancelled": 1, "more": False}
+    ship = "SELECT id, state::text FROM runs WHERE task = 'ship'"
+    before = dict(sql.execute(ship).fetchall())
+    finished = {i for i, state in before.items() if state in ("succeeded", "discarded", "cancelled")}
+    deleted = await client.post("/runs/delete-matching", json={"task": "ship"}, headers=ADMIN)
+    assert deleted.json() == {"deleted": len(finished), "more": False}, deleted.text
+    assert finished and set(dict(sql.execute(ship).fetchall())) == set(before) - finished
     for wrong in ({"limit": 0}, {"limit": 100_001}, {"args": [1]}, {"ids": [1]}):
         response = await client.post("/runs/retry-matching", json=wrong, headers=ADMIN)
         assert response.status_code == 422, (wrong, response.text)
@@ -1120,6 +1130,8 @@ async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches
     mine = await client.post("/runs/cancel-matching", json={}, headers=other)
     assert mine.json() == {"cancelled": 0, "more": False}  # none of acme's: none changed
     theirs = await client.post("/runs/cancel-matching", json={"project": "default"}, headers=other)
+    assert theirs.status_code == 403
+    theirs = await client.post("/runs/delete-matching", json={"project": "default"}, headers=other)
     assert theirs.status_code == 403
 
 

@@ -467,11 +467,13 @@ def _bulk(ctx: click.Context, action: BulkAction, limit: int) -> None:
             )
         )
     _echo(
-        {"retried" if action is BulkAction.RETRY else "cancelled": done.changed, "more": done.more}
+        {BULK_DONE[action]: done.changed, "more": done.more}
     )
 
 
 BULK_LIMIT = click.IntRange(1, MAX_BULK_RUNS)
+BULK_DONE = {BulkAction.RETRY: "retried", BulkAction.CANCEL: "cancelled", BulkAction.DELETE: "deleted"}
+"""The count's name in a bulk action's answer, as the runs API names it."""
 
 
 @runs.command("retry-matching")
@@ -501,6 +503,20 @@ def runs_cancel_matching(ctx: click.Context, /, limit: int) -> None:
     """Cancel the unfinished runs the filters before it match, newest first, in batches
     (as POST /runs/cancel-matching)."""
     _bulk(ctx, BulkAction.CANCEL, limit)
+
+
+@runs.command("delete-matching")
+@_command_option(
+    "--limit",
+    type=BULK_LIMIT,
+    default=1000,
+    help="The most runs deleted; 'more' says if any are left.",
+)
+@click.pass_context
+def runs_delete_matching(ctx: click.Context, /, limit: int) -> None:
+    """Delete the finished runs the filters before it match, newest first, in batches
+    (as POST /runs/delete-matching); an unfinished run is never deleted."""
+    _bulk(ctx, BulkAction.DELETE, limit)
 
 
 RUN_COLUMNS = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON")

@@ -400,10 +400,10 @@ def cancel_runs(ids: Sequence[int], *, completed_channel: str) -> Steps[list[Run
 
 
 BULK_BATCH = 500
-"""Runs a bulk retry or cancel changes per statement: each batch is a statement (its own
+"""Runs a bulk retry, cancel or delete changes per statement: each batch is a statement (its own
 transaction) that locks its runs for milliseconds, and claims skip locked rows."""
 MAX_BULK_RUNS = 100_000
-"""The most runs one bulk retry or cancel changes; more are the next call's."""
+"""The most runs one bulk retry, cancel or delete changes; more are the next call's."""
 
 
 class BulkAction(StrEnum):
@@ -411,20 +411,18 @@ class BulkAction(StrEnum):
 
     RETRY = "retry"
     CANCEL = "cancel"
+    DELETE = "delete"
+    """Only finished runs: an unfinished one is work accepted and not yet done."""
 
     @property
     def states(self) -> list[str]:
-        finished = [state.value for state in RunState if state.finished]
-        return (
-            finished
-            if self is BulkAction.RETRY
-            else [state.value for state in RunState if not state.finished]
-        )
+        finished = self is not BulkAction.CANCEL
+        return [state.value for state in RunState if state.finished is finished]
 
 
 @dataclass(frozen=True)
 class BulkResult:
-    """What a bulk retry or cancel did: how many runs it changed, and whether it stopped
+    """What a bulk retry, cancel or delete did: how many runs it changed, and whether it stopped
     at its limit with runs left that the filter matches (call again for them)."""
 
     changed: int
@@ -440,13 +438,14 @@ def bulk_runs(
     completed_channel: str,
     batch: int = BULK_BATCH,
 ) -> Steps[BulkResult]:
-    """Retry or cancel up to ``limit`` runs that match ``filters`` (``list_runs``' names:
-    project, lane, state, task, key, args), newest first, ``batch`` at a time.
+    """Retry, cancel or delete up to ``limit`` runs that match ``filters``
+    (``list_runs``' names: project, lane, state, task, key, args), newest first,
+    ``batch`` at a time.
 
     For a connection in autocommit (every driver's), each statement is its own
     transaction: a batch's runs are found without a lock, then changed by the action's
     own statement (``retry_runs``: to the ``default`` lane, as a bulk retry goes;
-    ``cancel_runs``), which locks them only while it changes them and passes over any
+    ``cancel_runs``; delete_runs.sql, finished runs only), which locks them only while it changes them and passes over any
     that left the action's states meanwhile. No lock outlives a batch, and a claim skips
     a locked row rather than wait for it: a bulk action never stalls the workers.
     """
@@ -456,10 +455,13 @@ def bulk_runs(
         size = min(batch, limit - changed)
         params = {**filters, "states": action.states, "before": before, "limit": size}
         found = [row[0] for row in (yield Statement("find_matching_runs", params))]
+        done: list[Any]
         if action is BulkAction.RETRY:
             done = yield from retry_runs(found, "default", channel=available_channel)
-        else:
+        elif action is BulkAction.CANCEL:
             done = yield from cancel_runs(found, completed_channel=completed_channel)
+        else:
+            done = yield Statement("delete_runs", {"ids": found, "states": action.states})
         changed += len(done)
         if len(found) < size:
             return BulkResult(changed, more=False)

@@ -360,6 +360,17 @@ async def cancel_matching_runs(
     return {"cancelled": done.changed, "more": done.more}
 
 
+@router.post("/delete-matching", operation_id="deleteMatchingRuns")
+async def delete_matching_runs(
+    body: Matching, request: Request, caller: Authorized
+) -> dict[str, Any]:
+    """Delete up to ``limit`` finished runs that match the filters, newest first, in
+    batches (as ``retry-matching``), as the pruner does at the end of their retention;
+    an unfinished run is never deleted (cancel it first)."""
+    done = await _bulk(runs.BulkAction.DELETE, body, request, caller)
+    return {"deleted": done.changed, "more": done.more}
+
+
 @router.post(
     "/{run_id}/cancel", responses={**A_RUN, **NOT_FOUND, **CONFLICT}, operation_id="cancelRun"
 )
