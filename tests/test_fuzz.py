@@ -174,6 +174,15 @@ def test_any_bytes_to_a_trigger_get_a_2xx_or_a_4xx_and_a_4xx_stores_nothing(
     server: ApiServer, sql: psycopg.Connection
 ) -> None:
     url = seed(server)["url"]
+    # A trigger that keys its runs by a field of the body: whatever that field holds,
+    # or if it is missing, the answer is a 2xx or a 4xx too.
+    keyed = httpx.post(
+        server.url + "/admin/projects/acme/triggers",
+        json={"name": "keyed", "mode": "async", "task": "echo", "key_from": "/id"},
+        headers=ADMIN,
+        timeout=20,
+    )
+    assert keyed.status_code == 201, keyed.text
     json_values = strategies.recursive(
         strategies.none()
         | strategies.booleans()
@@ -189,16 +198,21 @@ def test_any_bytes_to_a_trigger_get_a_2xx_or_a_4xx_and_a_4xx_stores_nothing(
         strategies.binary(max_size=2048),
         json_values.map(lambda value: repr(value).encode("utf-8", "surrogatepass")),
         json_values.map(_json_bytes),
+        json_values.map(lambda value: _json_bytes({"id": value})),
     )
 
     with httpx.Client(base_url=server.url, timeout=20) as client:
 
         @FUZZ
-        @given(body=bodies, content_type=strategies.sampled_from(CONTENT_TYPES))
-        def send(body: bytes, content_type: str) -> None:
+        @given(
+            body=bodies,
+            content_type=strategies.sampled_from(CONTENT_TYPES),
+            to=strategies.sampled_from([url, keyed.json()["url"]]),
+        )
+        def send(body: bytes, content_type: str, to: str) -> None:
             before = counts(sql)
             headers = {"Content-Type": content_type} if content_type else {}
-            response = client.post(url, content=body, headers=headers)
+            response = client.post(to, content=body, headers=headers)
             assert response.status_code < 500, (response.status_code, response.text, body)
             if response.status_code >= 400:
                 assert counts(sql) == before, (response.status_code, body)

@@ -184,6 +184,8 @@ class Unjudged(StrEnum):
     NOT_JSON = "not_json"
     BAD_REQUEST = "bad_request"
     BAD_SIGNATURE = "bad_signature"
+    NO_RUN_KEY = "no_run_key"
+    """422: the webhook carries no run key where its trigger's ``key_from`` says."""
     TOO_MANY_STREAMS = "too_many_streams"
     DISCONNECTED = "disconnected"
     UNAVAILABLE = "unavailable"

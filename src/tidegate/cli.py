@@ -710,6 +710,14 @@ def _unique_options(function: FC) -> FC:
     )(function)
 
 
+_key_from = _command_option(
+    "--key-from",
+    help="Where each run takes its key: a JSON pointer into the body (/data/order/id) or "
+    "header:Header-Name. A webhook without a key there is refused 422. A trigger without "
+    "it: the project's key.",
+)
+
+
 def _names(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
     """A comma-separated list of names ('': none); ``None`` when the option is not given."""
     if value is None:
@@ -819,6 +827,7 @@ def _show_trigger(ctx: click.Context, steps: Steps[dict[str, Any]]) -> None:
 @_command_option("--secret", help="Standard Webhooks secret (whsec_...) to verify signatures.")
 @_trigger_numbers
 @_unique_options
+@_key_from
 @click.pass_context
 def triggers_create(
     ctx: click.Context, /, project_id: str, name: str, mode: str, task: str, **options: Any
@@ -843,6 +852,10 @@ def triggers_create(
     is_flag=True,
     help="Each webhook makes its own run again (clears --unique-period and the rest).",
 )
+@_key_from
+@_command_option(
+    "--no-key-from", is_flag=True, help="Runs take the project's key again (clears --key-from)."
+)
 @_command_option(
     "--enabled/--disabled",
     default=None,
@@ -850,7 +863,7 @@ def triggers_create(
 )
 @click.pass_context
 def triggers_update(
-    ctx: click.Context, /, trigger_id: int, no_unique: bool, **changes: Any
+    ctx: click.Context, /, trigger_id: int, no_unique: bool, no_key_from: bool, **changes: Any
 ) -> None:
     """Change trigger TRIGGER_ID; prints it, and warns when no live worker has its task."""
     from tidegate.projects import update_trigger
@@ -860,6 +873,10 @@ def triggers_update(
         if {"unique_period", "unique_args", "unique_states"} & set(given):
             raise click.UsageError("--no-unique clears the unique options: give none of them")
         given["unique_period"] = None
+    if no_key_from:
+        if "key_from" in given:
+            raise click.UsageError("--no-key-from clears --key-from: give one of them")
+        given["key_from"] = None
     _show_trigger(ctx, update_trigger(trigger_id, **given))
 
 

@@ -6,6 +6,9 @@ endpoint of a project: an unguessable token in its URL, a mode (``async``: ackno
 once durable; ``sync``: reply with the run's result), the task it runs, an optional
 Standard Webhooks signing secret, a body size limit and a sync timeout. A trigger with
 a ``forward_url`` delivers its webhooks there (task ``tidegate.forward``, ``forward.py``).
+A trigger with ``key_from`` keys each run by a field of the webhook's body or one of its
+headers (``tidegate.webhooks.KeyFrom``); a forwarding trigger's runs keep their
+destination's key.
 
 Each operation is written once as ``Steps`` and run on a sync or an async connection.
 """
@@ -36,6 +39,7 @@ from tidegate.runs import read_states
 from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
 from tidegate.unique import Unique
+from tidegate.webhooks import KeyFrom
 
 DEFAULT_PROJECT = "default"
 PROJECT_LIMITS = tuple(PROJECT_BOUNDS)
@@ -56,6 +60,7 @@ TRIGGER_FIELDS = (
     "unique_period",
     "unique_args",
     "unique_states",
+    "key_from",
 )
 MAX_UNIQUE_ARGS = 32
 """The most fields of a body a unique trigger's webhooks are alike by (the CHECK
@@ -320,6 +325,13 @@ def domain_error(error: psycopg.Error) -> TidegateError:
         "triggers_breaker_key_range": "breaker_key must be 1 to 255 characters",
         "triggers_unique_args_range": f"unique_args holds at most {MAX_UNIQUE_ARGS} names",
         "triggers_unique_needs_period": "unique_args and unique_states need a unique_period",
+        "triggers_key_from_valid": (
+            "key_from must be a JSON pointer (/field/0/name) or header:Header-Name"
+        ),
+        "triggers_key_from_not_forwarding": (
+            "a forwarding trigger's runs are keyed by their destination (breaker_key): "
+            "key_from must be null while forward_url is set"
+        ),
         "schedules_name_unique": "a schedule with this name exists already in this project",
         "worker_tokens_pkey": "a worker token with this name exists already",
     }
@@ -415,6 +427,13 @@ def _check_trigger(fields: dict[str, Any]) -> dict[str, Any]:
             checked["forward_headers"] = forward.check_header_names(fields["forward_headers"])
         if fields.get("breaker_key") is not None:
             check_text(fields["breaker_key"], "breaker_key")
+        if fields.get("key_from") is not None:
+            KeyFrom.parse(fields["key_from"])
+            if fields.get("forward_url") is not None:
+                raise InputError(
+                    "a forwarding trigger's runs are keyed by their destination "
+                    "(breaker_key): give key_from or forward_url, not both"
+                )
         checked.update(_check_unique(fields))
         numbers = {name: fields[name] for name in TRIGGER_BOUNDS if name in fields}
         checked.update(check_numbers(numbers, TRIGGER_BOUNDS))

@@ -84,6 +84,7 @@ from tidegate.signatures import check_secret
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tasks import list_tasks
 from tidegate.unique import DEFAULT_STATES, REQUIRED_STATES
+from tidegate.webhooks import KeyFrom
 
 log = logging.getLogger("tidegate.ingress")
 router = APIRouter(
@@ -150,6 +151,22 @@ ForwardHeaders = Annotated[
     _checked(forward.check_header_names),
 ]
 
+KeyFromText = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_TEXT_CHARS,
+        description="where each run takes its key: a JSON pointer into the body "
+        "(RFC 6901, /data/order/id; at most 32 levels) or header:Header-Name (an HTTP field "
+        "name of 1 to 64 characters, not a credential). A webhook that carries no key "
+        "there (absent; not a string or a number; not 1 to 255 characters; the header "
+        "sent twice) is refused 422. null: the project's key (a forwarding trigger's: "
+        "its breaker key, and key_from must stay null)",
+        examples=["/data/order/id", "header:X-Shop-Domain"],
+    ),
+    _checked(lambda text: KeyFrom.parse(text).text),
+]
+
 
 class ProjectLimits(BaseModel):
     """A project's limits, each within its bound (``tidegate.limits.PROJECT_BOUNDS``)."""
@@ -214,6 +231,7 @@ class TriggerFields(BaseModel):
         description="the states a run holds its key in (with "
         f"{', '.join(REQUIRED_STATES)}); null: {', '.join(DEFAULT_STATES)}",
     )
+    key_from: KeyFromText | None = None
 
 
 class NewTrigger(TriggerFields):

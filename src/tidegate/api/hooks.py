@@ -4,7 +4,8 @@ Validation comes before anything is stored, cheapest first: unknown or disabled 
 404, body (with the headers kept beside it) too large 413 (on ``Content-Length`` and
 again while reading, so a client that lies cannot push more), unsupported content type
 415, JSON that is malformed or that PostgreSQL cannot store (NUL, lone surrogates, NaN,
-nesting past ``max_json_depth``) 400, bad Standard Webhooks signature 401. Then one
+nesting past ``max_json_depth``) 400, bad Standard Webhooks signature 401, no run key
+where the trigger's ``key_from`` says (tidegate.webhooks.KeyFrom) 422. Then one
 database call admits or rejects (``admit_webhook``): 429 for the project's ingest rate
 or fast-lane cap, 503 when no worker can take a fast-lane run, the fast lane is paused
 or the run's key has its circuit breaker open (sync), or the backlog is full. A refusal
@@ -72,7 +73,15 @@ from tidegate.runs import REPLY_KEY, Run, RunState, get_run
 from tidegate.signatures import MisconfiguredSecret
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tracing import STATUS_ATTRIBUTE, Span, span
-from tidegate.webhooks import Invalid, MalformedJSON, Trigger, find_trigger, validate
+from tidegate.webhooks import (
+    KEPT_HEADERS_EXCLUDED,
+    Invalid,
+    MalformedJSON,
+    NoRunKey,
+    Trigger,
+    find_trigger,
+    validate,
+)
 
 router = APIRouter(tags=["webhooks"])
 log = logging.getLogger("tidegate.ingress")
@@ -85,7 +94,6 @@ another process (another API process, the CLI) applies within this; one made thr
 this process's admin API, at once."""
 TRIGGER_CACHE_SIZE = 10_000
 """Triggers an API process keeps at most; a full cache starts over."""
-KEPT_HEADERS_EXCLUDED = frozenset({"authorization", "cookie", "proxy-authorization"})
 FIELD_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")
 """An HTTP field name (RFC 9110 token)."""
 FIELD_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]{0,8192}")
@@ -133,7 +141,8 @@ class BodyTooLarge(Exception):
                 "413": "body (with the headers kept) over the trigger's limit",
                 "415": "content type is not JSON",
                 "422": "the idempotency key (Idempotency-Key, or webhook-id) of an earlier "
-                "request, with another body",
+                "request, with another body; or no run key where the trigger's key_from "
+                "says (absent, not a string or a number, or not 1 to 255 characters)",
                 "429": "the project's ingest rate or fast-lane cap (Retry-After, RateLimit), "
                 "or its event streams at their bound",
                 "502": "sync trigger: the run failed (its id is in the body)",
@@ -263,6 +272,11 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         kind = ProblemType.BAD_SIGNATURE if invalid.status == 401 else invalid.status
         return problem(kind, invalid.title, **invalid.extra)
     note.idempotency_key = idempotency_key
+    try:
+        key = trigger.key_of(payload, request.headers.items())
+    except NoRunKey as reason:
+        note.outcome = Unjudged.NO_RUN_KEY
+        return problem(422, str(reason), key_from=trigger.key_from)
 
     stream_after = None
     give_back: Callable[[], None] = _nothing
@@ -291,6 +305,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
                 ingress,
                 trigger,
                 lane,
+                key,
                 payload,
                 body,
                 headers,
@@ -302,7 +317,7 @@ async def _receive(ingress: Api, token: str, request: Request, note: Note) -> Re
         note.outcome = Verdict(decision["decision"])
         note.run_id = decision["run_id"]
         response = await _answer(
-            ingress, trigger, lane, decision, idempotency_key, stream_after, give_back
+            ingress, trigger, lane, key, decision, idempotency_key, stream_after, give_back
         )
         return response
     finally:
@@ -314,6 +329,7 @@ async def _answer(
     ingress: Api,
     trigger: Trigger,
     lane: str | None,
+    key: str,
     decision: dict[str, Any],
     idempotency_key: str | None,
     stream_after: int | None,
@@ -325,12 +341,12 @@ async def _answer(
     then its reply as the ``result`` event, in a stream that gives its place back
     (``give_back``) when it ends. ``lane`` is the fast lane's for a sync trigger, ``None``
     for an async one (its task's declared lane, chosen in admit_webhook: no refusal of an
-    async webhook names a lane)."""
+    async webhook names a lane); ``key`` the run's key (``Trigger.key_of``)."""
     verdict = Verdict(decision["decision"])
     refusal = verdict.refusal
     if refusal is not None:
         detail = refusal.detail.format(
-            key=trigger.run_key, task=trigger.task, lane=lane, idempotency_key=idempotency_key
+            key=key, task=trigger.task, lane=lane, idempotency_key=idempotency_key
         )
         kind = VERDICT_TYPES.get(verdict, refusal.status)
         if refusal.wait is None:
@@ -574,6 +590,7 @@ def _admit(
     ingress: Api,
     trigger: Trigger,
     lane: str | None,
+    key: str,
     payload: Any,
     body: bytes,
     headers: dict[str, str],
@@ -590,7 +607,9 @@ def _admit(
             "project": trigger.project,
             "lane": lane,
             "task": trigger.task,
-            "key": trigger.run_key,
+            # Every per-key part of the admission (the breaker, the backlog cap) and the
+            # run's clock and policies take this key: the one the webhook carries.
+            "key": key,
             "args": json.dumps({"body": payload, "headers": headers, "trigger": trigger.name}),
             # A sync caller is waiting: it gets the first attempt's outcome, and retries
             # are its own to make. Async runs retry with backoff, as often as the task
@@ -607,7 +626,7 @@ def _admit(
             "ticket": place,
             "place_grace": PLACE_GRACE_SECONDS,
             "max_places": MAX_PLACES,
-            "unique_key": None if unique is None else trigger.unique_key(unique, payload),
+            "unique_key": None if unique is None else trigger.unique_key(unique, payload, key),
             "unique_states": None if unique is None else list(unique.states),
         },
         dict_row,

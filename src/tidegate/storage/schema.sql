@@ -326,6 +326,11 @@ CREATE TABLE triggers (
     unique_period           float8,
     unique_args             text[],
     unique_states           run_state[],
+    -- Runs keyed from the webhook (tidegate.webhooks.KeyFrom): a JSON pointer into the
+    -- body (/data/order/id) or a header (header:X-Shop-Domain) that holds each run's
+    -- key; NULL: the project's, or a forwarding trigger's breaker key. A webhook that
+    -- carries no key there is refused 422 by the API process, before the admission.
+    key_from                text,
     CONSTRAINT triggers_name_unique UNIQUE (project, name),
     CONSTRAINT triggers_mode_valid CHECK (mode IN ('async', 'sync')),
     -- The numbers' ranges are tidegate.limits.TRIGGER_BOUNDS (tests/test_bounds.py
@@ -352,7 +357,20 @@ CREATE TABLE triggers (
     CONSTRAINT triggers_unique_args_range CHECK (cardinality(unique_args) <= 32),
     -- Without a period a trigger's webhooks are not unique: nothing else may say how.
     CONSTRAINT triggers_unique_needs_period
-        CHECK (unique_period IS NOT NULL OR (unique_args IS NULL AND unique_states IS NULL))
+        CHECK (unique_period IS NOT NULL OR (unique_args IS NULL AND unique_states IS NULL)),
+    -- The same forms as KeyFrom.parse takes (tests/test_trigger_keys.py holds them to
+    -- it): a pointer of 1 to 32 tokens, ~ only as ~0 or ~1; or a header's name (RFC 9110
+    -- token, 1 to 64 characters) that is not a credential, which is never kept.
+    CONSTRAINT triggers_key_from_valid CHECK (
+        length(key_from) BETWEEN 1 AND 255
+        AND (key_from ~ '^(/([^/~]|~[01])*){1,32}$'
+             OR (key_from ~ '^header:[!#$%&''*+.^_`|~0-9A-Za-z-]{1,64}$'
+                 AND lower(key_from) NOT IN ('header:authorization', 'header:cookie',
+                                             'header:proxy-authorization')))),
+    -- A forwarding trigger's runs are keyed by their destination, so that one dead
+    -- endpoint's breaker holds back only its own runs: no other key may replace it.
+    CONSTRAINT triggers_key_from_not_forwarding
+        CHECK (key_from IS NULL OR forward_url IS NULL)
 );
 
 -- Admitted webhooks as they arrived, kept for audit and replay.

@@ -6,13 +6,14 @@ at a time on the keyset (received_at, kind, id). A project's session sees its ow
 triggers only: any other trigger id, or a request of another trigger, is a 404.
 
 Replay enqueues a new run of the trigger's task with the args shaped exactly as
-ingress shapes them (``{"body", "headers", "trigger"}``), with the project as key, as
+ingress shapes them (``{"body", "headers", "trigger"}``), with the project as key (or,
+for a trigger with ``key_from``, the key the request carries, as ingress takes it), as
 an async trigger's run: in the lane, priority and max_attempts its task's workers
 declared (tidegate.tasks), else ``default``. A sync trigger's runs go to ``fast_lane``
 because a caller waits for them, and nobody waits for a replay. Only a request that
 passed ingress's checks of its own content can be replayed: one admitted, or refused by
 the admission (a limit of the moment), its content type, JSON and signature checked
-again (``_replayable``).
+again, and its run key taken again (``_replayable``).
 A request refused for its signature or its body, or whose body was kept truncated (the
 run would get a body that was never sent), cannot.
 """
@@ -35,7 +36,7 @@ from tidegate.runs import RunState
 from tidegate.signatures import MisconfiguredSecret
 from tidegate.ui.session import Current, api_of, check_csrf, rows
 from tidegate.ui.templating import render
-from tidegate.webhooks import REPLAYABLE, Invalid, validate
+from tidegate.webhooks import REPLAYABLE, Invalid, KeyFrom, NoRunKey, validate
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 IdPath = Annotated[int, Path(ge=1, le=MAX_ID)]
@@ -152,15 +153,19 @@ class NotReplayable(Exception):
     """Why a logged request cannot be replayed."""
 
 
-def _replayable(request: Request, trigger: dict[str, Any], entry: dict[str, Any]) -> Any:
-    """Return the body a replay of this request runs with, or raise ``NotReplayable``.
+def _replayable(
+    request: Request, trigger: dict[str, Any], entry: dict[str, Any]
+) -> tuple[Any, str]:
+    """Return the body a replay of this request runs with and its run key, or raise
+    ``NotReplayable``.
 
     A replay passes what the request passed when it arrived, checked again: only a
     request admitted, or refused by the admission (a limit, capacity, a breaker: a
     reason of the moment), qualifies; the trigger must be enabled; and its content type,
     JSON and signature must pass ``validate`` now, against the trigger's secret as it is
-    now, at the time the request was received. A request refused for its signature, or
-    for what it holds, is never replayed into a run.
+    now, at the time the request was received; a trigger with ``key_from`` must find
+    its key in the request's body or kept headers, as ingress does. A request refused
+    for its signature, or for what it holds, is never replayed into a run.
     """
     if entry["body_truncated"]:
         raise NotReplayable("only the start of its body was kept")
@@ -182,7 +187,12 @@ def _replayable(request: Request, trigger: dict[str, Any], entry: dict[str, Any]
         raise NotReplayable("the trigger's signing secret is not a valid one") from None
     except Invalid as invalid:
         raise NotReplayable(invalid.title) from None
-    return payload
+    if trigger["key_from"] is None:
+        return payload, trigger["project"]
+    try:
+        return payload, KeyFrom.parse(trigger["key_from"]).key(payload, entry["headers"].items())
+    except NoRunKey as reason:
+        raise NotReplayable(str(reason)) from None
 
 
 @router.get("/triggers/{trigger_id}/log/{kind}/{request_id}")
@@ -220,7 +230,7 @@ async def replay(
     await check_csrf(request, session)
     trigger, entry = await _entry(request, session, trigger_id, kind, request_id)
     try:
-        payload = _replayable(request, trigger, entry)
+        payload, key = _replayable(request, trigger, entry)
     except NotReplayable as reason:
         raise HTTPException(409, f"cannot be replayed: {reason}") from None
     args = {"body": payload, "headers": entry["headers"], "trigger": trigger["name"]}
@@ -229,7 +239,7 @@ async def replay(
         trigger["task"],
         args,
         project=trigger["project"],
-        key=trigger["project"],
+        key=key,
     )
     try:
         runs = await api.run(api.app.enqueue_steps([new]))

@@ -1,5 +1,5 @@
 -- Change the fields named in the patch (a JSON object); a JSON null clears the secrets,
--- the forward URL, the breaker key and the unique fields.
+-- the forward URL, the breaker key, the unique fields and key_from.
 UPDATE triggers SET
     mode = coalesce(%(patch)s::jsonb ->> 'mode', mode),
     task = coalesce(%(patch)s::jsonb ->> 'task', task),
@@ -34,6 +34,8 @@ UPDATE triggers SET
                                         %(patch)s::jsonb -> 'unique_states'))::run_state[]
                          WHEN %(patch)s::jsonb ? 'unique_states' THEN NULL
                          ELSE unique_states END,
+    key_from = CASE WHEN %(patch)s::jsonb ? 'key_from'
+                    THEN %(patch)s::jsonb ->> 'key_from' ELSE key_from END,
     updated_at = now()
 WHERE id = %(id)s
 RETURNING *
