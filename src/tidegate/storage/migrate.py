@@ -59,7 +59,7 @@ from psycopg import sql
 from tidegate.errors import SchemaError
 from tidegate.storage.sql import query
 
-SERVES_FROM = 37
+SERVES_FROM = 36
 """The oldest schema version whose code runs on the schema this code's ``migrate`` leaves.
 
 An expand release (migrations that only add, functions that keep their old calls
