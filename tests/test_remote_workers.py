@@ -159,6 +159,24 @@ async def test_a_claim_in_rows_carries_the_runs_an_old_claim_gets_as_objects(
     assert_problem(wrong, 422)
 
 
+def test_a_claim_row_under_other_columns_is_read_by_name() -> None:
+    """An API of another version may name other fields, or the same in another order:
+    the worker reads the row by name, the fields it does not know left out."""
+    now = "2026-01-01T00:00:00+00:00"
+    values: dict[str, Any] = {name: None for name in RUN_FIELDS}
+    values.update(
+        id=7, project="default", lane="default", key="k", task="echo", args={"n": 1},
+        state="running", priority=0, attempt=1, max_attempts=3, scheduled_at=now,
+        inserted_at=now, lease_expires_at=now, errors=[], unique_states=["running"],
+        vtime=0.0, rank=0.0, probe=False, watched=False,
+    )  # fmt: skip
+    in_order = Run.from_row(list(RUN_FIELDS), [values[name] for name in RUN_FIELDS])
+    columns = [*reversed(RUN_FIELDS), "a_later_field"]
+    other = Run.from_row(columns, [*(values[name] for name in reversed(RUN_FIELDS)), 1])
+    assert other == in_order == Run.from_json(values)
+    assert other.unique_states == (RunState.RUNNING,) and other.lease_expires_at is not None
+
+
 async def test_a_token_scopes_the_lanes_its_workers_may_claim_from(
     client: httpx.AsyncClient,
 ) -> None:

@@ -210,8 +210,21 @@ class Run:
 
     @classmethod
     def from_row(cls, columns: Sequence[str], values: Sequence[Any]) -> Run:
-        """The run ``row`` gave under ``columns`` (a remote worker's claim in rows)."""
-        return cls.from_json(dict(zip(columns, values, strict=True)))
+        """The run ``row`` gave under ``columns`` (a remote worker's claim in rows).
+
+        Columns exactly ``RUN_FIELDS`` (an API of the same version) fill the run at once,
+        as ``stored_run`` does; any others (an API of another version) go through
+        ``from_json``, which takes the fields it knows."""
+        if tuple(columns) != RUN_FIELDS:
+            return cls.from_json(dict(zip(columns, values, strict=True)))
+        row = dict(zip(RUN_FIELDS, values, strict=True))
+        for name in _TIMES:
+            if row[name] is not None:
+                row[name] = datetime.fromisoformat(row[name])
+        row["state"] = RunState(row["state"])
+        if row["unique_states"] is not None:
+            row["unique_states"] = tuple(map(RunState, row["unique_states"]))
+        return stored_run(row)
 
     def row(self) -> tuple[Any, ...]:
         """The run's stored fields in ``RUN_FIELDS`` order, JSON-ready but for timestamps
