@@ -29,6 +29,7 @@ from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project
 from tidegate import NewRun, RunState, Tidegate
 from tidegate.api.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
 from tidegate.limits import MAX_SLOTS
+from tidegate.runs import RUN_FIELDS, Run
 from tidegate.signatures import verify
 from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.link import RemoteLink
@@ -125,6 +126,55 @@ async def test_a_worker_claims_its_workloops_free_slots_only_and_completes_what_
     assert failed.json()["state"] == "scheduled"
     errors = sql.execute("SELECT errors FROM runs WHERE id = %s", [third["id"]]).fetchone()
     assert errors is not None and errors[0][0]["error"] == "boom"
+
+
+async def test_a_claim_in_rows_carries_the_runs_an_old_claim_gets_as_objects(
+    app: Tidegate, client: httpx.AsyncClient
+) -> None:
+    """A worker that asks for ``rows`` gets the same runs, each field named once; one
+    that does not (a worker of before) still gets objects; an unknown format is a 422."""
+    token = await worker_token(client, "fleet", ["default"])
+    registered = await client.post(
+        "/workers", json={"workloops": "default:4", "tasks": ["echo"]}, headers=token
+    )
+    assert registered.json()["claim_formats"] == ["objects", "rows"]
+    worker = RemoteWorker(client, token, registered.json()["worker_id"])
+    old = await RemoteWorker.register(client, token, "default:4", ["echo"])
+    deep: Any = [{"n": 1, "at": "2026-01-01T00:00:00+00:00"}]
+    enqueued = [await app.aenqueue("echo", {"deep": deep, "n": n}) for n in range(4)]
+
+    body = {"workloop": 0, "demand": 2, "wait_seconds": 0, "format": "rows"}
+    answer = (await worker.post("/claim", body)).json()
+    assert "runs" not in answer and len(answer["rows"]) == 2
+    in_rows = [Run.from_row(answer["columns"], row) for row in answer["rows"]]
+    as_objects = [Run.from_json(run) for run in await old.claim(2)]
+    assert {run.id for run in in_rows + as_objects} == {run.id for run in enqueued}
+    for run in in_rows:  # as the database holds it, and as an object would carry it
+        stored = app.get_run(run.id)
+        assert stored is not None and run == stored and run.to_json() == stored.to_json()
+        assert run.args == {"deep": deep, "n": run.args["n"]}
+    empty = (await worker.post("/claim", body)).json()
+    assert empty == {"columns": list(RUN_FIELDS), "rows": []}  # none left
+    wrong = await worker.post("/claim", {**body, "format": "msgpack"})
+    assert_problem(wrong, 422)
+
+
+def test_a_claim_row_under_other_columns_is_read_by_name() -> None:
+    """An API of another version may name other fields, or the same in another order:
+    the worker reads the row by name, the fields it does not know left out."""
+    now = "2026-01-01T00:00:00+00:00"
+    values: dict[str, Any] = {name: None for name in RUN_FIELDS}
+    values.update(
+        id=7, project="default", lane="default", key="k", task="echo", args={"n": 1},
+        state="running", priority=0, attempt=1, max_attempts=3, scheduled_at=now,
+        inserted_at=now, lease_expires_at=now, errors=[], unique_states=["running"],
+        vtime=0.0, rank=0.0, probe=False, watched=False,
+    )  # fmt: skip
+    in_order = Run.from_row(list(RUN_FIELDS), [values[name] for name in RUN_FIELDS])
+    columns = [*reversed(RUN_FIELDS), "a_later_field"]
+    other = Run.from_row(columns, [*(values[name] for name in reversed(RUN_FIELDS)), 1])
+    assert other == in_order == Run.from_json(values)
+    assert other.unique_states == (RunState.RUNNING,) and other.lease_expires_at is not None
 
 
 async def test_a_token_scopes_the_lanes_its_workers_may_claim_from(

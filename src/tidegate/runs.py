@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import json
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
@@ -207,6 +208,29 @@ class Run:
             values["unique_states"] = tuple(map(RunState, values["unique_states"]))
         return cls(**values)
 
+    @classmethod
+    def from_row(cls, columns: Sequence[str], values: Sequence[Any]) -> Run:
+        """The run ``row`` gave under ``columns`` (a remote worker's claim in rows).
+
+        Columns exactly ``RUN_FIELDS`` (an API of the same version) fill the run at once,
+        as ``stored_run`` does; any others (an API of another version) go through
+        ``from_json``, which takes the fields it knows."""
+        if tuple(columns) != RUN_FIELDS:
+            return cls.from_json(dict(zip(columns, values, strict=True)))
+        row = dict(zip(RUN_FIELDS, values, strict=True))
+        for name in _TIMES:
+            if row[name] is not None:
+                row[name] = datetime.fromisoformat(row[name])
+        row["state"] = RunState(row["state"])
+        if row["unique_states"] is not None:
+            row["unique_states"] = tuple(map(RunState, row["unique_states"]))
+        return stored_run(row)
+
+    def row(self) -> tuple[Any, ...]:
+        """The run's stored fields in ``RUN_FIELDS`` order, JSON-ready but for timestamps
+        (``datetime``): a claim answered in rows names its fields once, not per run."""
+        return _stored_values(self)
+
     def to_json(self) -> dict[str, Any]:
         """Return the run as JSON-ready data (timestamps in ISO 8601), with its reason."""
         data = {
@@ -223,6 +247,9 @@ _NOT_STORED = {"duplicate": False, "lane_paused": False, "hold": None}
 """The fields no column holds, and what a run read from a row of ``runs`` alone has."""
 _RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name not in _NOT_STORED)
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
+RUN_FIELDS = _RUN_FIELDS
+"""The fields a run's row holds, in the table's order (``Run.row``)."""
+_stored_values = operator.attrgetter(*_RUN_FIELDS)
 
 
 def stored_run(values: dict[str, Any]) -> Run:

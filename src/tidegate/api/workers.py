@@ -75,7 +75,7 @@ from tidegate.remote import (
     delete_worker_token,
     list_worker_tokens,
 )
-from tidegate.runs import MAX_PROGRESS_BYTES, Run, RunState, get_run, run_row
+from tidegate.runs import MAX_PROGRESS_BYTES, RUN_FIELDS, Run, RunState, get_run, run_row
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tasks import TaskSettings, declare_tasks
 from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
@@ -102,6 +102,12 @@ MAX_WAIT_SECONDS = 60.0
 MAX_JSON_TEXT = 16 * 1024 * 1024
 """The longest result or error, as JSON text, in a batch of outcomes."""
 MAX_DEMAND = 1000
+CLAIM_FORMATS = ("objects", "rows")
+"""How a claim's runs may be answered: ``objects``, each as ``GET /runs/{id}`` shows it
+(the default, what every worker understands), or ``rows``, the fields named once in
+``columns`` and each run an array of their values (``Run.row``): under half the JSON,
+written in 6 µs per run instead of 11 and read in 4 instead of 8. Registration lists
+them, so that a worker asks for ``rows`` only of an API that has it."""
 NOT_YOURS = problem_responses(**{"404": "no such worker of this token (or no such run)"})
 BUSY = problem_responses(
     **{"429": "a claim of this workloop is waiting, or the token's claims are at their bound"}
@@ -114,8 +120,12 @@ RunIdPath = Annotated[int, Path(ge=1, le=2**63 - 1)]
 Attempt = Annotated[int, Field(ge=1, le=32767)]
 
 
-def worker_caller(request: Request) -> WorkerCaller:
-    """FastAPI dependency: the worker token the ``Guard`` authenticated."""
+async def worker_caller(request: Request) -> WorkerCaller:
+    """FastAPI dependency: the worker token the ``Guard`` authenticated.
+
+    Async, though it awaits nothing: FastAPI runs a plain function in a thread, a hop
+    that cost a tenth of the API's time per request in a remote drain
+    (docs/benchmarks.md)."""
     caller = request.state.caller
     if not isinstance(caller, WorkerCaller):  # not reachable through the Guard
         raise HTTPException(403, "a worker token is required")
@@ -162,6 +172,8 @@ class Claim(BaseModel):
     demand: int = Field(ge=1, le=MAX_DEMAND)
     """How many runs it would take; the API gives at most the workloop's free slots."""
     wait_seconds: float = Field(default=30.0, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
+    format: Literal["objects", "rows"] = "objects"
+    """How the runs are answered (``CLAIM_FORMATS``)."""
 
 
 class Counted(BaseModel):
@@ -356,6 +368,7 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
         "lease_seconds": settings.lease_seconds,
         "heartbeat_seconds": settings.heartbeat_seconds,
         "workloops": workloops,
+        "claim_formats": list(CLAIM_FORMATS),
     }
 
 
@@ -399,10 +412,10 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
                 free, claimed = await api.transact(_claim(params, loop["slots"], body.demand))
                 turn.looked(asked=min(body.demand, free), got=len(claimed))
                 if free <= 0 or claimed or clock() >= deadline:
-                    return JSONAnswer({"runs": [run.to_json() for run in claimed]})
+                    return _claimed(claimed, body.format)
                 await turn.sleep(deadline - clock(), gone)
                 if gone.done() or clock() >= deadline:
-                    return JSONAnswer({"runs": []})
+                    return _claimed([], body.format)
     except Busy as busy:
         raise HTTPException(429, busy.title, {"Retry-After": str(busy.retry_after)}) from None
     finally:
@@ -623,6 +636,13 @@ async def _held(api: Api, worker_id: str, run_id: int, attempt: int) -> Run:
     ):
         raise HTTPException(409, f"run {run_id}: attempt {attempt} is not this worker's")
     return run
+
+
+def _claimed(runs: list[Run], format: str) -> JSONAnswer:
+    """A claim's answer, its runs as objects or in rows (``CLAIM_FORMATS``)."""
+    if format == "rows":
+        return JSONAnswer({"columns": RUN_FIELDS, "rows": [run.row() for run in runs]})
+    return JSONAnswer({"runs": [run.to_json() for run in runs]})
 
 
 def _foreign_counter(counters: list[Counted], workloops: list[Any], tasks: list[str]) -> str | None:

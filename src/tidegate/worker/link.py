@@ -104,6 +104,10 @@ class RemoteLink:
         )
         self.poll_seconds = poll_seconds
         self.path = ""
+        self.claim_format = "objects"
+        """``rows`` once the API says at registration that it answers claims so
+        (api/workers.py ``CLAIM_FORMATS``); an API of before did not, and refuses the
+        field."""
 
     async def open(self, worker: Worker) -> None:
         """Register; the API names the worker, and says how often it must beat."""
@@ -115,6 +119,8 @@ class RemoteLink:
         registered = await self._call("POST", "/workers", body)
         worker.id = registered["worker_id"]
         self.path = f"/workers/{registered['worker_id']}"
+        if "rows" in registered.get("claim_formats", ()):
+            self.claim_format = "rows"
         worker.heartbeat.interval = min(
             worker.heartbeat.interval, float(registered["heartbeat_seconds"])
         )
@@ -126,6 +132,11 @@ class RemoteLink:
             "demand": params["demand"],
             "wait_seconds": self.poll_seconds,
         }
+        if self.claim_format == "rows":
+            body["format"] = "rows"
+            answer = await self._call("POST", f"{self.path}/claim", body)
+            columns = answer["columns"]
+            return [Run.from_row(columns, row) for row in answer["rows"]]
         answer = await self._call("POST", f"{self.path}/claim", body)
         return [Run.from_json(run) for run in answer["runs"]]
 
