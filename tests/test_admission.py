@@ -339,6 +339,25 @@ async def test_backlog_cap_gets_503_when_the_lane_is_full(
     assert counts(sql) == (4, 4)
 
 
+async def test_backlog_cap_holds_across_api_processes_under_a_burst(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """100 async webhooks at once on 3 API processes, no worker: exactly the cap admitted."""
+    cap = 5
+    api = start_api(processes=3)
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+    async with httpx.AsyncClient(base_url=api.url, timeout=30, limits=limits) as client:
+        await create_project(client, "acme", backlog_cap=cap)
+        trigger = await create_trigger(client, "acme", "orders", mode="async", task="echo")
+        responses = await asyncio.wait_for(
+            asyncio.gather(*(client.post(trigger["url"], json={"n": n}) for n in range(100))),
+            timeout=60,
+        )
+    statuses = sorted(r.status_code for r in responses)
+    assert statuses == [202] * cap + [503] * (100 - cap), statuses
+    assert counts(sql) == (cap, cap)
+
+
 async def test_backlog_cap_counts_runs_that_wait_for_a_worker_with_their_task(
     client: httpx.AsyncClient,
     start_worker_process: Callable[..., Any],

@@ -41,7 +41,9 @@
 --                 count errs towards 503, never towards admitting a run no slot can take.
 --   backlog_full  the project's runs of the key in the lane not yet started (ready or
 --                 pending) are at its backlog cap, counted up to the cap
---                 (unstarted_runs_of_key).
+--                 (unstarted_runs_of_key) under an advisory lock on (project, lane, key)
+--                 held to commit, as the fast-lane cap is: without it two API processes
+--                 could both count the last free place and both insert.
 --   admitted      run and request inserted, the lane notified. The run is stamped
 --                 with its key's next step on the lane's clock (next_vtime),
 --                 as an enqueued one is (insert_run.sql).
@@ -292,6 +294,8 @@ BEGIN
     END IF;
 
     IF proj.backlog_cap IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(
+            'tidegate.backlog/' || p_project || '/' || p_lane || '/' || p_key, 0));
         backlog := unstarted_runs_of_key(p_lane, p_key, p_project, proj.backlog_cap);
         SELECT * INTO line FROM places_ahead(p_project, 'backlog', p_key, p_ticket, proj.backlog_cap - backlog);
         IF proj.backlog_cap - backlog <= line.ahead THEN
