@@ -205,7 +205,14 @@ def run_benchmark(
 
 
 def table(result: dict[str, Any]) -> str:
+    server, machine = result["server"], result["machine"]
     lines = [
+        f"PostgreSQL {server['version']} ({server['connection']}), {result['date']}, "
+        f"tidegate commit {result['code'].get('commit', '?')}, {machine['cores']} cores "
+        f"({machine['cpu_model']}), load average {machine['loadavg_at_start'][0]} at start; "
+        f"{result['repeat']} repetitions of {result['window_seconds']:.0f} s, median; "
+        f"`{result['command']}`",
+        "",
         "| workloop | lane | configured | measured | difference (points) | runs started |"
         " longest gap between starts (ms) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
@@ -243,7 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     url, embedded = start_run("bench.shares", sys.argv[1:], args.database_url, args.snapshot)
     started = time.monotonic()
     command = "python -m bench.shares " + shlex.join(sys.argv[1:])
-    result = new_record(redact(url), command, embedded, workloops=WORKLOOPS)
+    result = new_record(
+        redact(url),
+        command,
+        embedded,
+        workloops=WORKLOOPS,
+        repeat=args.repeat,
+        window_seconds=args.seconds,
+    )
     result.update(run_benchmark(url, args.seconds, args.warmup, args.repeat))
     close_record(result, started, print)
     write_results(result, RESULTS / "shares.json")
