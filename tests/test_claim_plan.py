@@ -27,8 +27,11 @@ CLAIM = {
     "head_scan": 64,
     "tasks": ["noop"],
     "live_seconds": 30.0,
+    "demands": None,
+    "others_demand": None,
 }
-"""The parameters of a claim by worker ``w`` of 8 runs of the task ``noop``."""
+"""The parameters of a claim by worker ``w`` of 8 runs of the task ``noop``, along a
+chain."""
 
 
 def plan_nodes(plan: dict) -> list[dict]:  # type: ignore[type-arg]
@@ -388,3 +391,37 @@ def test_a_wildcard_takes_every_other_lane_in_turn_by_its_head(
     shares = {lane: every.count(lane) for lane in "abc"}
     # 92 runs of `*`: each lane within one claim of a third.
     assert all(abs(n - 92 / 3) <= 8 for n in shares.values()), (shares, taken)
+
+
+@pytest.mark.parametrize("limits", [False, True], ids=["set-based", "with-key-limits"])
+def test_a_share_claim_takes_each_lanes_demand_and_stars_lanes_together(
+    app: Tidegate, sql: psycopg.Connection, limits: bool
+) -> None:
+    """A claim for shares asking 3 of ``a``, 2 of ``b`` and 4 of the other lanes (``*``)
+    together takes exactly that, whatever more each lane holds; ``b`` has none, and its
+    part is not given to the others in the same claim (the workloop lends it next)."""
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', l, 'k' || (i % 5), 'noop', i FROM generate_series(1, 2000) AS i,"
+        " unnest(ARRAY['a', 'c', 'd']) AS l"
+    )
+    if limits:
+        sql.execute("INSERT INTO key_policies (lane, key, max_running) VALUES ('a', '*', 99)")
+    sql.execute("ANALYZE runs")
+    params = {
+        **CLAIM,
+        "lanes": ["a", "b"],
+        "wildcard": True,
+        "demands": [3, 2],
+        "others_demand": 4,
+        "demand": 9,
+    }
+    plans, rows = explained(sql, "claim_runs", params)
+    lanes = [row[2] for row in rows]
+    assert lanes.count("a") == 3, lanes
+    assert lanes.count("c") + lanes.count("d") == 4, lanes
+    assert len(lanes) == 7, lanes
+    scans = scans_of(plans)
+    assert not any(kind == "Seq Scan" and rel == "runs" for kind, _, rel in scans), scans
+    assert any(index == "runs_claim_lane" for _, index, _ in scans), scans
+    assert rows_read(plans) <= 100, rows_read(plans)  # never a lane's 2,000

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidegate import ConfigError, Settings, WorkloopSpec, parse_chain, parse_workloops
-from tidegate.lanes import DEFAULT_CHAIN, chain_admits, chain_or_default
+from tidegate.lanes import DEFAULT_CHAIN, Share, chain_admits, chain_or_default, share_demands
 from tidegate.limits import SETTING_BOUNDS
 
 
@@ -141,3 +141,102 @@ def test_a_remote_workers_settings_refuse_a_malformed_server_or_token(
     Settings(server_url="https://api.internal:8000/base", worker_token="tgw_ok")
     with pytest.raises(ConfigError, match=complaint):
         Settings(**options)  # type: ignore[arg-type]
+
+
+def test_shares_parse_weights_minimums_and_star() -> None:
+    (loop,) = parse_workloops("a=3,b=1/2,*:12")
+    assert loop.shares == (Share("a", 3), Share("b", 1, 2), Share("*"))
+    assert loop.chain == ("a", "b", "*")
+    assert loop.named_lanes == ("a", "b") and loop.wildcard
+    assert str(loop) == "a=3,b=1/2,*:12"
+    assert parse_workloops(str(loop)) == (loop,)
+    (star_first,) = parse_workloops("*=2,fast_lane:4")
+    assert star_first.chain == ("fast_lane", "*")  # `*` last in the chain it admits
+    assert chain_admits(star_first.chain, "anything")
+    (filtered,) = parse_workloops("a,b=2:3")
+    assert filtered.shares == (Share("a"), Share("b", 2)) and not filtered.wildcard
+
+
+def test_chains_keep_parsing_as_chains_beside_shares() -> None:
+    chain, shares = parse_workloops("manual>*:4 a=1,b=1:2")
+    assert chain == WorkloopSpec(chain=("manual", "*"), slots=4) and not chain.shares
+    assert shares.shares == (Share("a"), Share("b"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "complaint"),
+    [
+        ("a=3,b>c:4", "either along a chain .* or by shares .*, not both"),
+        ("a>b=1:4", "either along a chain"),
+        ("a=0,b:4", "share 'a=0': the weight after '=' must be a whole number from 1 to 1000"),
+        ("a=,b:4", "share 'a=': the weight after '='"),
+        ("a=1001,b:4", "from 1 to 1000"),
+        ("a=x,b:4", "the weight after '='"),
+        ("a=1/,b:4", "share 'a=1/': the minimum after '/' must be a whole number of slots"),
+        ("a=1/5,b:4", "from 0 to 4"),
+        ("a=1/-1,b:4", "the minimum after '/'"),
+        ("a=1/2,b=1/3:4", "the minimums add up to 5 slots, more than the workloop's 4"),
+        ("a=1,a=2:4", "lane 'a' has two shares"),
+        ("*,*=2:4", "lane '\\*' has two shares"),
+        ("a=1,,b:4", "lane name '' must match"),
+        ("a-b=1,c:4", "lane name 'a-b' must match"),
+        ("a=1,b:0", "slots must be a whole number from 1 to 10000"),
+        ("a=1,b", "needs a slot count"),
+        (",".join(f"l{i}" for i in range(65)) + ":4", "at most 64 lanes may have shares"),
+    ],
+)
+def test_bad_shares_name_the_workloop_and_what_was_wrong(spec: str, complaint: str) -> None:
+    with pytest.raises(ConfigError, match=complaint) as raised:
+        parse_workloops(spec)
+    if ":" in spec and not spec.endswith(":0"):
+        assert str(raised.value).startswith(f"workloop {spec!r}: ")
+
+
+def test_bad_shares_in_settings_fail_at_start() -> None:
+    with pytest.raises(ConfigError, match="minimums add up"):
+        Settings.from_env({"TIDEGATE_WORKLOOPS": "a=1/3,b=1/3:4"})
+
+
+def split(
+    shares: str, free: int, held: list[int] | None = None, dry: frozenset[int] = frozenset()
+) -> list[int]:
+    """``share_demands`` for ``shares`` in a workloop of the free slots and those held."""
+    (loop,) = parse_workloops(f"{shares}:{free + sum(held or [])}")
+    return share_demands(loop.shares, held or [0] * len(loop.shares), free, dry)
+
+
+def test_an_empty_workloop_splits_its_slots_by_minimum_then_weight() -> None:
+    assert split("a=3,b=1,c=1/2", 12) == [6, 2, 4]
+    assert split("a=3,b=1", 8) == [6, 2]
+    assert split("a=1/3,b=1/3,c=100", 6) == [3, 3, 0]  # minimums before any weight
+    assert split("a=1/3,b=1/3,c=100", 7) == [3, 3, 1]
+
+
+def test_a_dry_lanes_share_is_lent_and_comes_back_as_runs_finish() -> None:
+    # c has no runs: a and b split all 12 slots 3 to 1.
+    assert split("a=3,b=1,c=1/2", 12, dry=frozenset({2})) == [9, 3, 0]
+    # c has runs again, and one slot is free: it goes to c (below its minimum), though a
+    # and b hold more than their shares; nothing is taken from them.
+    assert split("a=3,b=1,c=1/2", 1, held=[8, 3, 0]) == [0, 0, 1]
+    # As their runs finish, each freed slot goes to the share furthest behind.
+    assert split("a=3,b=1,c=1/2", 3, held=[6, 3, 0]) == [0, 0, 3]
+    assert split("a=3,b=1,c=1/2", 2, held=[6, 2, 2]) == [0, 0, 2]
+
+
+def test_every_share_dry_asks_for_nothing() -> None:
+    assert split("a=3,b=1", 5, dry=frozenset({0, 1})) == [0, 0]
+
+
+def test_a_saturated_workloop_holds_each_share_within_a_slot_of_its_target() -> None:
+    """Freeing slots one at a time from any split of a saturated workloop converges to
+    the shares, and no freed slot ever takes a share past its target."""
+    shares = "a=5,b=3,c=1/1,*=2"
+    (loop,) = parse_workloops(f"{shares}:10")
+    held = split(shares, 10)
+    target = list(held)
+    assert target == [4, 2, 2, 2]  # 1 + 9 by 5:3:1:2: 4.09, 2.45, 1 + 0.82, 1.64
+    for lane in [0, 1, 1, 2, 3, 0, 0, 2, 1, 3] * 3:  # a run of that share finishes
+        held[lane] -= 1
+        given = share_demands(loop.shares, held, 1, set())
+        held = [h + g for h, g in zip(held, given, strict=True)]
+        assert held == target

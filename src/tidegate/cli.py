@@ -285,7 +285,10 @@ def _load_app(spec: str, settings: Settings) -> Tidegate:
 
 @main.command()
 @_option("--app", "app_spec", required=True, help="The app to run, as module:attribute.")
-@_option("--workloops", help="Slot groups, e.g. 'fast_lane:1 manual>*:4'.")
+@_option(
+    "--workloops",
+    help="Slot groups: chains ('fast_lane:1 manual>*:4') or shares ('a=3,b=1/2,*:12').",
+)
 @_option("--server-url", "--server", help="Remote mode: claim through this API, not the database.")
 @_option("--worker-token", "--token", help="Remote mode: the worker token (tgw_...) for it.")
 @_option("--lease-seconds", help="How long a claim holds without a heartbeat.")

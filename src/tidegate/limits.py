@@ -71,6 +71,11 @@ MAX_SLOTS = 10_000
 workers_slots_bounded, schema.sql): admission reads every workloop's slots as an
 integer, and one worker's row past it made every sync webhook for its tasks, and
 ``/metrics``, fail."""
+MAX_SHARE_WEIGHT = 1000
+"""The largest weight of a lane's share in a workloop (``a=3,b=1:8``): a ratio of 1,000
+to 1 is past any split a group of slots can make."""
+MAX_SHARES = 64
+"""The most lanes a workloop may give shares to: every claim of it passes them all."""
 MIN_RATE = 0.001
 MAX_RATE = 1_000_000.0
 MIN_WEIGHT = 0.001

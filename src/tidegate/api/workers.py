@@ -327,7 +327,7 @@ class NewWorkerToken(BaseModel):
 @router.post(
     "",
     status_code=201,
-    responses=problem_responses(**{"422": "a chain outside the token's lanes"}),
+    responses=problem_responses(**{"422": "a chain outside the token's lanes, or shares"}),
     operation_id="registerWorker",
 )
 async def register(body: Registration, request: Request, fleet: Fleet) -> dict[str, Any]:
@@ -341,6 +341,14 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
         refusal = chain_allowed(fleet.lanes, spec.chain)
         if refusal:
             raise HTTPException(422, refusal)
+        if spec.shares:
+            # The API claims along a registered chain; the shares' split is made from the
+            # workloop's own runs per lane, which only a worker on PostgreSQL holds.
+            raise HTTPException(
+                422,
+                f"workloop {str(spec)!r}: shares are for workers on PostgreSQL; give "
+                "a remote worker's workloops chains ('a>b>*:4')",
+            )
     worker_id = f"remote:{fleet.token}:{secrets.token_hex(6)}"
     workloops = [{"chain": list(s.chain), "slots": s.slots, "busy": 0} for s in specs]
     client = request.client.host if request.client else "?"
@@ -393,6 +401,8 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     params = {
         "lanes": [lane for lane in chain if lane != "*"],
         "wildcard": "*" in chain,
+        "demands": None,
+        "others_demand": None,
         "worker_id": worker_id,
         "workloop": body.workloop,
         "lease_seconds": settings.lease_seconds,

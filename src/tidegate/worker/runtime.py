@@ -357,6 +357,7 @@ class Worker:
         loops = [loop for loop in self.workloops if loop.admits(lane)]
         for loop in loops:
             loop.backlog = True
+            loop.stocked(lane)
         named = [loop for loop in loops if lane in loop.places and loop.free > 0]
         for loop in named or [loop for loop in loops if loop.free > 0]:
             loop.wake.set()

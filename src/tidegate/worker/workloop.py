@@ -12,6 +12,13 @@ once, and a run that has not started within ``HOLD_SECONDS`` is handed back to
 or will within milliseconds, and no run waits behind a slow handler while another
 worker has a free slot (docs/guarantees.md). A workloop wakes on a NOTIFY for a lane its
 chain admits, on a slot freeing, or, as a safety net, every ``poll_seconds``.
+
+A workloop with shares (``"a=3,b=1/2,*:12"``, tidegate/lanes.py) splits each claim's
+demand among its lanes from its own runs per lane (``share_demands``), and asks for each
+lane's part in one statement. A lane whose part came up short is *dry*: its share is lent
+to the others until a NOTIFY says it has runs again (or the safety-net poll), and the
+claim goes on at once for the slots it left. Lent slots come back as the borrowers' runs
+finish: a run is never stopped to make room.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from tidegate.lanes import WorkloopSpec, chain_admits
+from tidegate.lanes import WILDCARD, WorkloopSpec, chain_admits, share_demands
 from tidegate.runs import Run, RunState, _progress
 from tidegate.tracing import span
 from tidegate.worker.counters import outcome_label
@@ -88,7 +95,20 @@ class Workloop(Service):
             "lanes": list(spec.named_lanes),
             "wildcard": spec.wildcard,
             "workloop": index,
+            "demands": None,
+            "others_demand": None,
         }
+        self.share_of = {share.lane: i for i, share in enumerate(spec.shares)}
+        """With shares: each shared lane's share, by lane name (``*``'s too)."""
+        self.dry: set[int] = set()
+        """The shares whose lanes came up short since they were last told of runs: they
+        ask for nothing, and their slots are lent to the others. All ask again every
+        ``poll_seconds`` (the safety net, for a NOTIFY that never came)."""
+        self.wetted = time.monotonic()
+        """When ``dry`` was last emptied by the safety net."""
+        self.told: set[int] = set()
+        """The shares told of runs while the current claim was in flight: a claim that
+        came up short may have read their lanes before the runs were committed."""
 
     @property
     def free(self) -> int:
@@ -119,6 +139,39 @@ class Workloop(Service):
     def admits(self, lane: str) -> bool:
         return chain_admits(self.spec.chain, lane)
 
+    def share_index(self, lane: str) -> int:
+        """The share a run of ``lane`` counts in: its own, or ``*``'s."""
+        return self.share_of.get(lane, self.share_of.get(WILDCARD, -1))
+
+    def stocked(self, lane: str) -> None:
+        """``lane`` has new runs: its share asks for its part again."""
+        self.dry.discard(self.share_index(lane))
+        self.told.add(self.share_index(lane))
+
+    def demands(self, free: int) -> list[int] | None:
+        """With shares, how many runs each share asks for, ``free`` in all at most, from
+        the runs each holds now (handlers executing, and runs claimed ahead); None for a
+        chain."""
+        shares = self.spec.shares
+        if not shares:
+            return None
+        held = [0] * len(shares)
+        for run in (*self.runs.values(), *self.waiting.values()):
+            held[self.share_index(run.lane)] += 1
+        return share_demands(shares, held, free, self.dry)
+
+    def note_dry(self, demands: list[int], claimed: list[Run]) -> None:
+        """Mark dry the shares that got fewer runs than they asked for, but those told of
+        new runs meanwhile."""
+        got = [0] * len(demands)
+        for run in claimed:
+            got[self.share_index(run.lane)] += 1
+        self.dry.update(
+            i
+            for i, (asked, had) in enumerate(zip(demands, got, strict=True))
+            if had < asked and i not in self.told
+        )
+
     def claim_order(self, run: Run) -> tuple[int, float, int]:
         """Where ``run`` stands in a claim: its lane's place in the chain, then its rank."""
         return self.places.get(run.lane, len(self.places)), run.rank, run.id
@@ -132,14 +185,23 @@ class Workloop(Service):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), worker.settings.poll_seconds)
             self.wake.clear()
+            if time.monotonic() - self.wetted >= worker.settings.poll_seconds:
+                self.dry.clear()  # the safety net, for a NOTIFY that never came
+                self.wetted = time.monotonic()
             long_polled = False
             # One turn of the loop lets the other handlers finishing now free their
             # slots too, so the claim asks for them all in one statement.
             await asyncio.sleep(0)
             while self.free > 0 and not worker.stopping.is_set():
                 demand = self.free
+                demands = self.demands(demand)
+                if demands is not None:
+                    demand = sum(demands)
+                    if not demand:  # every shared lane is dry
+                        self.backlog = False
+                        break
                 try:
-                    runs = await self.claim(demand)
+                    runs = await self.claim(demand, demands)
                 except LINK_ERRORS as error:
                     failures += 1
                     delay = retry_delay(failures)
@@ -186,13 +248,31 @@ class Workloop(Service):
                     worker.spill(self)
                 else:
                     worker.came_up_short()
-                if not (self.backlog or parked):
+                # With shares, a dry lane's part goes to the lanes still with runs: at
+                # once, in the next claim (its passed-over strays aside, set pending).
+                lend = False
+                if demands is not None and not parked and not self.backlog:
+                    self.note_dry(demands, claimed)
+                    lend = len(self.dry) < len(demands)
+                if not (self.backlog or parked or lend):
                     break
 
-    async def claim(self, demand: int) -> list[Run]:
+    async def claim(self, demand: int, demands: list[int] | None = None) -> list[Run]:
+        """Claim up to ``demand`` runs; with shares, ``demands`` says how many of each
+        share's lanes (in ``spec.shares``' order)."""
         started = time.monotonic()
+        self.told.clear()
+        params = {**self.claim_params, "demand": demand}
+        if demands is not None:
+            shares = self.spec.shares
+            params["demands"] = [
+                d for d, s in zip(demands, shares, strict=True) if s.lane != WILDCARD
+            ]
+            params["others_demand"] = sum(
+                d for d, s in zip(demands, shares, strict=True) if s.lane == WILDCARD
+            )
         with span("claim", chain=">".join(self.spec.chain), demand=demand) as claiming:
-            claimed = await self.worker.link.claim({**self.claim_params, "demand": demand})
+            claimed = await self.worker.link.claim(params)
             claiming.note(runs=len(claimed))
         self.last_claim_seconds = time.monotonic() - started
         self.pace.claimed(self.last_claim_seconds)

@@ -1,6 +1,11 @@
 -- Claim up to %(demand)s runs for one workloop, following its lane chain, taking only
 -- runs of the tasks this worker has (%(tasks)s).
 --
+-- shares: a workloop with shares (tidegate/lanes.py, "a=3,b=1/2,*:12") gives each named
+-- lane its own demand (%(demands)s, in the order of %(lanes)s) and the lanes of `*`
+-- one demand together (%(others_demand)s); a chain gives NULL for both, and each lane
+-- of it may take the whole %(demand)s.
+--
 -- limits: whether any key policy or project concurrency is set, or a breaker is forced
 --   open. Where none is, the claim is this one set-based statement (prepared by psycopg
 --   after a few executions: planned once per connection):
@@ -31,29 +36,48 @@ WITH limits AS MATERIALIZED (
         OR EXISTS (SELECT 1 FROM projects WHERE concurrency IS NOT NULL)
         OR EXISTS (SELECT 1 FROM key_breakers WHERE forced = 'open') AS apply
 ),
-chain AS (  -- in order: an Append reads its parts in turn, each in its order
-    SELECT named.lane FROM unnest(%(lanes)s::text[]) AS named(lane)
+named AS (  -- in chain order, each lane with its demand
+    SELECT named.lane, coalesce(named.demand, %(demand)s) AS demand
+    FROM unnest(%(lanes)s::text[], %(demands)s::integer[]) AS named(lane, demand)
     WHERE named.lane <> ALL(ARRAY(SELECT lane FROM paused_lanes))
-    UNION ALL
+),
+others AS (
     SELECT other.lane FROM ready_lanes(%(lanes)s::text[]) AS other
     WHERE %(wildcard)s::boolean AND NOT (SELECT apply FROM limits)
       AND other.lane <> ALL(ARRAY(SELECT lane FROM paused_lanes))
 ),
-picked AS (
-    SELECT probe.id
-    FROM chain
-    CROSS JOIN LATERAL (
-        SELECT head.id FROM (
-            SELECT runs.id, runs.task FROM runs
-            WHERE runs.lane = chain.lane AND runs.state = 'available'
-            ORDER BY runs.rank, runs.id
-            LIMIT %(scan_limit)s
-            FOR UPDATE SKIP LOCKED
-        ) AS head
-        WHERE head.task = ANY(%(tasks)s::text[])
-        LIMIT %(demand)s
-    ) AS probe
-    WHERE NOT (SELECT apply FROM limits)
+picked AS (  -- in order: an Append reads its parts in turn, each in its order
+    (SELECT probe.id
+     FROM named
+     CROSS JOIN LATERAL (
+         SELECT head.id FROM (
+             SELECT runs.id, runs.task FROM runs
+             WHERE runs.lane = named.lane AND runs.state = 'available'
+             ORDER BY runs.rank, runs.id
+             LIMIT %(scan_limit)s
+             FOR UPDATE SKIP LOCKED
+         ) AS head
+         WHERE head.task = ANY(%(tasks)s::text[])
+         LIMIT named.demand
+     ) AS probe
+     WHERE NOT (SELECT apply FROM limits))
+    UNION ALL
+    -- The same probe for each lane of `*`, limited together: the lanes of a share's `*`
+    -- take no more than its demand between them.
+    (SELECT probe.id
+     FROM others
+     CROSS JOIN LATERAL (
+         SELECT head.id FROM (
+             SELECT runs.id, runs.task FROM runs
+             WHERE runs.lane = others.lane AND runs.state = 'available'
+             ORDER BY runs.rank, runs.id
+             LIMIT %(scan_limit)s
+             FOR UPDATE SKIP LOCKED
+         ) AS head
+         WHERE head.task = ANY(%(tasks)s::text[])
+         LIMIT coalesce(%(others_demand)s, %(demand)s)
+     ) AS probe
+     LIMIT coalesce(%(others_demand)s, %(demand)s))
     LIMIT %(demand)s
 ),
 claimed AS (
@@ -76,4 +100,22 @@ SELECT * FROM claim_runs_keyed(
     %(workloop)s::smallint, %(lease_seconds)s::float8, %(scan_limit)s::integer,
     %(head_scan)s::integer, %(tasks)s::text[], %(live_seconds)s::float8
 )
-WHERE (SELECT apply FROM limits)
+WHERE (SELECT apply FROM limits) AND %(demands)s::integer[] IS NULL
+UNION ALL
+-- Shares where limits are set: one keyed claim per share with its own demand, `*`'s
+-- taking the other lanes with a ready run as a chain of them, lowest head first. Each
+-- call's counts see the runs the calls before it took (each of its statements reads
+-- the transaction's own writes).
+SELECT keyed.* FROM (
+    SELECT ARRAY[named.lane] AS lanes, named.demand
+    FROM unnest(%(lanes)s::text[], %(demands)s::integer[]) AS named(lane, demand)
+    UNION ALL
+    SELECT ARRAY(SELECT lane FROM ready_lanes(%(lanes)s::text[])), %(others_demand)s::integer
+    WHERE %(wildcard)s::boolean
+) AS share
+CROSS JOIN LATERAL claim_runs_keyed(
+    share.lanes, false, share.demand, %(worker_id)s::text,
+    %(workloop)s::smallint, %(lease_seconds)s::float8, %(scan_limit)s::integer,
+    %(head_scan)s::integer, %(tasks)s::text[], %(live_seconds)s::float8
+) AS keyed
+WHERE (SELECT apply FROM limits) AND %(demands)s::integer[] IS NOT NULL AND share.demand > 0
