@@ -259,12 +259,12 @@ def test_enqueueing_reads_no_backlog_when_the_statistics_predate_it(
         }
         for i in range(200)
     ]
-    params = {"runs": json.dumps(batch), "channel": "c"}
+    params = {"runs": json.dumps(batch), "channel": "c", "default_max_attempts": 20}
     for _ in range(7):  # past the five custom plans after which a generic one may stay
         plans, inserted = explained(sql, "insert_runs", params)
         assert len(inserted) == 200
         assert rows_scanned(plans) <= 20 * 10, rows_scanned(plans)
-    one = {**batch[0], "args": "{}", "channel": "c"}
+    one = {**batch[0], "args": "{}", "channel": "c", "default_max_attempts": 20}
     for _ in range(7):
         plans, inserted = explained(sql, "insert_run", one)
         assert len(inserted) == 1
@@ -339,6 +339,7 @@ def test_a_probe_of_an_empty_lane_reads_no_backlog_of_another_when_the_statistic
         "unique_states": None,
         "trace_context": None,
         "channel": "c",
+        "default_max_attempts": 20,
     }
     for _ in range(7):
         plans, inserted = explained(sql, "insert_run", one)

@@ -382,8 +382,8 @@ def count_claims(loop: Any) -> list[int]:
     taken: list[int] = []
     claim = loop.claim
 
-    async def counted(demand: int) -> Any:
-        runs = await claim(demand)
+    async def counted(demand: int, demands: list[int] | None = None) -> Any:
+        runs = await claim(demand, demands)
         taken.append(len(runs))
         return runs
 
