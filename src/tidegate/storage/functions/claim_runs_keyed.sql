@@ -25,7 +25,8 @@
 -- would have (a head a later gate holds back keeps the earlier vtime). At most one
 -- run of the key per claim. As exact as max_running: every claimer of the key holds the
 -- lock, and the read, its own statement, sees every claim committed before. Measured
--- (docs/architecture.md): the gate costs one more probe per ordered key a claim meets.
+-- on 20,000 ready runs over 200 keys (docs/architecture.md, "Strict order per key"):
+-- 1.56 ms per 32-run claim, p50, with max_running=1 on every key, 1.83 ms ordered.
 --
 -- A candidate of a task the claimer does not have (p_tasks) is never taken: it is left
 -- for a worker that has it, or, when no live worker has it (task_has_worker, asked once
