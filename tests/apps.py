@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import threading
 import time
 from typing import Any
@@ -174,6 +175,34 @@ def register(app: Tidegate) -> None:
     async def report_bad_progress(kind: str = "set", **_: Any) -> None:
         data: Any = {1, 2} if kind == "set" else "x" * 70_000
         current_run().progress(data)
+
+    # Strict order per key (test_ordering.py).
+
+    @app.task(name="ordered_step", max_attempts=4)
+    async def ordered_step(
+        fail: float = 0.0,
+        hold_seconds: float = 0.0,
+        flag: str | None = None,
+        retry_seconds: float = 1.0,
+        **_: Any,
+    ) -> None:
+        """Say when this attempt started (the database's clock, as completed_at is), then:
+        while the file ``flag`` exists, ask to run again in ``retry_seconds``; on the
+        first attempt hold on ``hold_seconds`` (long enough to be killed in); fail with
+        the probability ``fail``."""
+        run = current_run()
+        connection().execute(
+            "INSERT INTO executions (run_id, attempt, pid, started_at)"
+            " VALUES (%s, %s, %s, clock_timestamp())",
+            [run.id, run.attempt, os.getpid()],
+        )
+        if flag and os.path.exists(flag):
+            raise Retry(delay_seconds=retry_seconds)
+        if run.attempt == 1 and hold_seconds:
+            await asyncio.sleep(hold_seconds)
+        await asyncio.sleep(random.uniform(0, 0.02))
+        if random.random() < fail:
+            raise RuntimeError(f"step {run.id} failed on attempt {run.attempt}")
 
     # Webhook-shaped handlers: a webhook run's args are {"body", "headers", "trigger"}.
 

@@ -458,9 +458,11 @@ async def test_the_busiest_keys_show_their_runs_and_what_holds_them(
         ("max_running", "hot", "default"): 2,
         # The cap holds hot back; nothing holds cold, which has no policy of its own.
         ("held", "breaker", "hot", "default"): 0,
+        ("held", "order", "hot", "default"): 0,
         ("held", "cap", "hot", "default"): 1,
         ("held", "rate", "hot", "default"): 0,
         ("held", "breaker", "cold", "default"): 0,
+        ("held", "order", "cold", "default"): 0,
         ("held", "cap", "cold", "default"): 0,
         ("held", "rate", "cold", "default"): 0,
         # The third place: the first of the keys with a policy, by name.
@@ -468,6 +470,7 @@ async def test_the_busiest_keys_show_their_runs_and_what_holds_them(
         ("waiting", "idle00", "default"): 0,
         ("max_running", "idle00", "default"): 5,
         ("held", "breaker", "idle00", "default"): 0,
+        ("held", "order", "idle00", "default"): 0,
         ("held", "cap", "idle00", "default"): 0,
         ("held", "rate", "idle00", "default"): 0,
     }

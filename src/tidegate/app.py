@@ -725,8 +725,9 @@ class Tidegate:
     # -- key policies -------------------------------------------------------------
 
     def set_key_policy(self, lane: str, key: str = "*", **fields: Any) -> dict[str, Any]:
-        """Set ``max_running``, ``weight``, ``rate``/``rate_burst`` and the circuit
-        breaker (``breaker_failures``, ...) of a key in a lane.
+        """Set ``max_running``, ``weight``, ``rate``/``rate_burst``, ``ordered`` (the
+        key's runs one at a time, in enqueue order) and the circuit breaker
+        (``breaker_failures``, ...) of a key in a lane.
 
         ``key="*"`` sets the lane's default for keys without a policy of their own;
         ``None`` clears a limit. The next claim sees the change (``tidegate.policies``).

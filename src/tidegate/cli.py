@@ -976,8 +976,8 @@ def worker_tokens_delete(ctx: click.Context, /, name: str) -> None:
 
 @main.group()
 def keys() -> None:
-    """Per-key policies in a lane: max running, weight, rate, circuit breaker (KEY '*': the
-    lane's default)."""
+    """Per-key policies in a lane: max running, weight, rate, strict order, circuit breaker
+    (KEY '*': the lane's default)."""
 
 
 @keys.command("set")
@@ -998,6 +998,13 @@ def keys() -> None:
         "breaker_max_cooldown_seconds": "A failed probe doubles the cooldown up to this (600).",
         "breaker_probes": "Half-open: probe runs at once (1).",
     },
+)
+@_command_option(
+    "--ordered/--unordered",
+    default=None,
+    show_default=False,
+    help="Strict order: the key's runs one at a time, in enqueue order; a failed run that "
+    "will retry holds the ones behind it.",
 )
 @_command_option("--clear", multiple=True, help="A limit to remove, e.g. --clear max_running.")
 @click.pass_context

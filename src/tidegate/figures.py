@@ -137,12 +137,27 @@ class KeyFigures:
     waiting: int | None
     """Counted up to ``WAITING_CAP``; None for a lane's default."""
     held_by: str
-    """``breaker``, ``cap``, ``rate`` or ''."""
+    """``breaker``, ``order``, ``cap``, ``rate`` or ''."""
     breaker: str | None
     """The key's circuit breaker, where it has a row: ``closed``, ``open``,
     ``half_open``, ``forced_open`` or ``forced_closed``."""
     breaker_until: datetime | None
     """Until when an open breaker stays open."""
+    ordered: bool
+    """Whether its runs start one at a time in enqueue order (``tidegate.policies``)."""
+    head: int | None
+    """An ordered key's front run, which the others wait behind: its run in flight, else
+    its earliest not started (None where its project is not the reader's)."""
+    head_state: str | None
+    """The front run's state: ``running``, ``available`` (next to start), ``scheduled``
+    (backing off to retry, or delayed) or ``pending`` (no worker has its task)."""
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the key is ordered and runs wait behind a front run that cannot start
+        now: backing off, delayed or pending (a stuck head, until it runs or is
+        cancelled)."""
+        return self.held_by == "order" and self.head_state in ("scheduled", "pending")
 
 
 @dataclass(frozen=True)

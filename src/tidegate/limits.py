@@ -221,6 +221,14 @@ def check_numbers(values: dict[str, Any], bounds: Bounds) -> dict[str, Any]:
     }
 
 
+def check_flags(values: dict[str, Any]) -> dict[str, Any]:
+    """Return ``values`` if each is ``True``, ``False`` or ``None``, else raise naming it."""
+    for name, value in values.items():
+        if value is not None and not isinstance(value, bool):
+            raise InputError(f"{name} must be true, false or null, got {_show(value)}")
+    return values
+
+
 COUNT = Bound(0, MAX_COUNT, whole=True)
 """How many of something, none allowed: an integer column."""
 POSITIVE_COUNT = Bound(1, MAX_COUNT, whole=True)
@@ -265,6 +273,10 @@ POLICY_BOUNDS: Bounds = {
     "breaker_probes": Bound(1, 1000, whole=True),
 }
 """A key policy's fields (tidegate.policies; the CHECKs key_policies_*_range)."""
+POLICY_FLAGS = ("ordered",)
+"""A key policy's yes-or-no fields (tidegate.policies): true, false, or None (cleared, the
+lane's default holds). No range to declare: ``check_flags`` takes a ``bool`` and nothing
+else, so ``1`` or ``"yes"`` is refused where it enters, as a number out of range is."""
 TASK_BOUNDS: Bounds = {
     "priority": PRIORITY,
     "max_attempts": ATTEMPTS,

@@ -7,6 +7,7 @@ their own) sets:
 - ``max_running``: at most this many of the key's runs in flight in the lane;
 - ``weight``: the key's share of claims among keys with ready runs (2 = twice 1's);
 - ``rate`` and ``rate_burst``: runs started per second, with a burst;
+- ``ordered``: strict order (below);
 - a circuit breaker (``breaker_*``, below).
 
 Claims enforce them exactly, in the claim's transaction (see
@@ -14,6 +15,19 @@ Claims enforce them exactly, in the claim's transaction (see
 ``fast_lane`` runs are exempt from the limits: their bound is the admission cap; breakers
 hold there too. A project's ``concurrency`` (see ``tidegate.projects``) bounds its runs
 in flight across every other lane.
+
+Strict order (``ordered=True``), as SQS FIFO's message groups or Awa's ordering keys: the
+key's runs in the lane start one at a time, in the order of their ids (the order they
+were enqueued), and each only once every earlier run of the key has finished for good
+(succeeded, discarded or cancelled). A run that failed and will retry holds the line
+through its backoff; so does a delayed run not yet due, and a run waiting for a worker
+with its task: enqueue order, not due order, is the line. Other keys flow past. The
+waiting runs' ``reason`` names the run they wait behind; cancelling that run (or its
+being discarded after its last attempt) lets the next one go. Enqueues of one key from
+concurrent transactions are in the line in the order of their ids as far as each was
+committed before the claim looked (a run whose enqueue commits after a later-numbered
+run has started goes after it); enqueue from one transaction at a time where that
+matters. ``fast_lane`` runs are exempt, as from the other limits.
 
 Circuit breakers (``storage/functions/count_breaker_outcomes.sql``). A key has one when
 ``breaker_failures`` or ``breaker_ratio`` applies to it:
@@ -46,11 +60,19 @@ from typing import Any
 from psycopg.rows import dict_row
 
 from tidegate.errors import InputError
-from tidegate.limits import POLICY_BOUNDS, check_lane, check_numbers, check_text
+from tidegate.limits import (
+    POLICY_BOUNDS,
+    POLICY_FLAGS,
+    check_flags,
+    check_lane,
+    check_numbers,
+    check_text,
+)
 from tidegate.storage.sql import Statement, Steps
 
-POLICY_FIELDS = tuple(POLICY_BOUNDS)
-"""A key policy's fields, each bounded by ``tidegate.limits.POLICY_BOUNDS``."""
+POLICY_FIELDS = (*POLICY_BOUNDS, *POLICY_FLAGS)
+"""A key policy's fields: numbers bounded by ``tidegate.limits.POLICY_BOUNDS``, and the
+yes-or-no ``POLICY_FLAGS``."""
 ANY_KEY = "*"
 FORCES = ("open", "closed")
 
@@ -70,6 +92,8 @@ def set_key_policy(lane: str, key: str = ANY_KEY, **fields: Any) -> Steps[dict[s
         "upsert_key_policy", {"lane": lane, "key": key, "patch": json.dumps(fields)}, dict_row
     )
     yield Statement("delete_stray_breakers", {"lane": lane})
+    if fields.get("ordered"):  # the runs enqueued before join the key's line
+        yield Statement("line_up_runs", {"lane": lane, "key": key})
     return dict(rows[0])
 
 
@@ -121,7 +145,8 @@ def list_key_policies(
 
 
 def _check(lane: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
-    """Return the fields checked against their bounds (whole numbers as ints)."""
+    """Return the fields checked against their bounds (whole numbers as ints) and the
+    flags checked to be ``bool``."""
     unknown = set(fields) - set(POLICY_FIELDS)
     if unknown:
         raise PolicyError(
@@ -130,6 +155,8 @@ def _check(lane: str, key: str, fields: dict[str, Any]) -> dict[str, Any]:
     try:
         check_lane(lane)
         check_text(key, "key")
-        return check_numbers(fields, POLICY_BOUNDS)
+        flags = check_flags({name: fields[name] for name in POLICY_FLAGS if name in fields})
+        numbers = {name: value for name, value in fields.items() if name not in flags}
+        return check_numbers(numbers, POLICY_BOUNDS) | flags
     except InputError as error:
         raise PolicyError(str(error)) from None

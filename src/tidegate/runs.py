@@ -67,14 +67,33 @@ def attempts_shown(attempt: int, max_attempts: int, state: RunState | str) -> st
 
 @dataclass(frozen=True)
 class Hold:
-    """What holds a ready run back besides its turn: its key's circuit breaker.
+    """What holds a ready run back besides its turn: its key's circuit breaker, or the
+    run its ordered key's line waits behind (``tidegate.policies``, strict order).
 
-    ``breaker`` as ``breaker_state`` names it (``open``, ``forced_open``, ``half_open``);
-    ``until``: when an open breaker's cooldown ends.
+    ``breaker`` as ``breaker_state`` names it (``open``, ``forced_open``, ``half_open``),
+    ``None`` when no breaker holds the key; ``until``: when an open breaker's cooldown
+    ends. ``behind``: the run at the front of the key's line (its run in flight, else its
+    earliest not started), ``behind_state`` and ``behind_due`` (its ``scheduled_at``) for
+    saying why that one waits; ``None`` when the key is not ordered.
     """
 
-    breaker: str
+    breaker: str | None
     until: datetime | None
+    behind: int | None = None
+    behind_state: RunState | None = None
+    behind_due: datetime | None = None
+
+    def why_behind(self) -> str:
+        """Why the run at the front of the line has not ended: running, retrying, ..."""
+        if self.behind_state is None:
+            return "?"
+        due = self.behind_due.isoformat(timespec="seconds") if self.behind_due else "?"
+        return {
+            RunState.RUNNING: "running",
+            RunState.SCHEDULED: f"due at {due}",
+            RunState.PENDING: "waiting for a worker with its task",
+            RunState.AVAILABLE: "ready, next to start",
+        }.get(self.behind_state, "?")
 
 
 @dataclass(frozen=True)
@@ -149,13 +168,19 @@ class Run:
             return f"no live worker has task {self.task!r} for lane {self.lane!r}"
         if self.lane_paused and self.state is RunState.AVAILABLE:
             return f"lane {self.lane!r} is paused"
-        if self.hold is not None and self.state is RunState.AVAILABLE:
+        if self.hold is not None and self.state is RunState.AVAILABLE and self.hold.breaker:
             if self.hold.breaker == "forced_open":
                 return f"key {self.key!r} has its circuit breaker forced open in this lane"
             if self.hold.breaker == "half_open":
                 return f"key {self.key!r} has its circuit breaker half-open: probe runs go first"
             until = self.hold.until.isoformat(timespec="seconds") if self.hold.until else "?"
             return f"key {self.key!r} has its circuit breaker open until {until}"
+        hold = self.hold
+        if hold is not None and hold.behind not in (None, self.id):
+            return (
+                f"key {self.key!r} is ordered in lane {self.lane!r}: waits behind run "
+                f"{hold.behind} ({hold.why_behind()})"
+            )
         return None
 
     @property
@@ -247,6 +272,8 @@ _NOT_STORED = {"duplicate": False, "lane_paused": False, "hold": None}
 """The fields no column holds, and what a run read from a row of ``runs`` alone has."""
 _RUN_FIELDS = tuple(f.name for f in fields(Run) if f.name not in _NOT_STORED)
 _RUN_COLUMNS = tuple(name.encode() for name in _RUN_FIELDS)
+_LINED_COLUMNS = (*_RUN_COLUMNS, b"in_line")
+"""``SELECT *`` of ``runs``: the run's fields, then whether it is in its key's line."""
 RUN_FIELDS = _RUN_FIELDS
 """The fields a run's row holds, in the table's order (``Run.row``)."""
 _stored_values = operator.attrgetter(*_RUN_FIELDS)
@@ -277,10 +304,12 @@ def run_row(cursor: Cursor[Any] | AsyncCursor[Any]) -> RowMaker[Run]:
     """
     result = cursor.pgresult
     columns = tuple(result.fname(i) for i in range(result.nfields)) if result else ()
-    if columns == _RUN_COLUMNS:
+    if columns in (_RUN_COLUMNS, _LINED_COLUMNS):
 
         def make(values: Sequence[Any]) -> Run:
-            row = dict(zip(_RUN_FIELDS, values, strict=True))
+            # The table's last column, in_line, is the claim's alone (runs_key_line):
+            # zip stops at the run's fields.
+            row = dict(zip(_RUN_FIELDS, values))  # noqa: B905
             row["state"] = RunState(row["state"])
             if row["unique_states"] is not None:
                 row["unique_states"] = read_states(row["unique_states"])
@@ -369,24 +398,38 @@ def list_runs(
 
 
 def with_holds(found: list[Run]) -> Steps[list[Run]]:
-    """Return ``found`` with the circuit breaker that holds each ready run, for the
-    readers that say why a run waits (``GET /runs``, the run's page, ``tidegate runs``).
+    """Return ``found`` with what holds each waiting run, for the readers that say why a
+    run waits (``GET /runs``, the run's page, ``tidegate runs``): a ready run's circuit
+    breaker, and the run an ordered key's waiting runs (ready, delayed, retrying,
+    pending) wait behind.
 
-    One primary-key probe per (lane, key) of the ready runs; none when there are none.
+    Per (lane, key) of the waiting runs: one primary-key probe of the breakers (ready runs
+    only), and the line's front where the key is ordered (read_order_holds.sql); none
+    when no run waits.
     """
-    ready = {(run.lane, run.key) for run in found if run.state is RunState.AVAILABLE}
-    if not ready:
+    waiting = {(run.lane, run.key) for run in found if _waits(run)}
+    if not waiting:
         return found
-    lanes, keys = zip(*ready, strict=True)
+    lanes, keys = zip(*waiting, strict=True)
     params = {"lanes": list(lanes), "keys": list(keys)}
     rows = yield Statement("read_breaker_holds", params)
     holds = {(lane, key): Hold(breaker, until) for lane, key, breaker, until in rows}
+    for lane, key, behind, state, due in (yield Statement("read_order_holds", params)):
+        hold = holds.get((lane, key), Hold(None, None))
+        holds[lane, key] = replace(
+            hold, behind=behind, behind_state=RunState(state), behind_due=due
+        )
     return [
         replace(run, hold=holds[run.lane, run.key])
-        if run.state is RunState.AVAILABLE and (run.lane, run.key) in holds
+        if _waits(run) and (run.lane, run.key) in holds
         else run
         for run in found
     ]
+
+
+def _waits(run: Run) -> bool:
+    """Whether the run has not started: what a hold may be holding back."""
+    return run.state in (RunState.AVAILABLE, RunState.SCHEDULED, RunState.PENDING)
 
 
 def find_runs(ids: Sequence[int]) -> Steps[list[Run]]:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool
 from starlette.convertors import PathConvertor, register_url_convertor
 
 from tidegate import forward
@@ -447,6 +447,11 @@ class KeyPolicy(BaseModel):
     ].field(description="each failed probe doubles the cooldown up to this (default 600)")
     breaker_probes: int | None = POLICY_BOUNDS["breaker_probes"].field(
         description="half-open: probe runs at once (default 1)"
+    )
+    ordered: StrictBool | None = Field(
+        None,
+        description="the key's runs start one at a time, in enqueue order; a failed run "
+        "that will retry holds the ones behind it (null: the lane's default, else no)",
     )
 
 

@@ -170,7 +170,8 @@ class FiguresCollector(Collector):
 
 
 def _key_families(keys: list[KeyFigures]) -> Iterable[Metric]:
-    """The busiest keys' runs in flight and waiting, their cap, and what holds them."""
+    """The busiest keys' runs in flight and waiting, their cap, what holds them, and the
+    ordered keys stuck behind their front run, by lane."""
     labels = ["lane", "key"]
     in_flight = GaugeMetricFamily(
         "tidegate_key_in_flight",
@@ -189,19 +190,30 @@ def _key_families(keys: list[KeyFigures]) -> Iterable[Metric]:
     )
     held = GaugeMetricFamily(
         "tidegate_key_held",
-        "1 when a key's runs wait for its limit (by: breaker, cap, rate), else 0 "
+        "1 when a key's runs wait for its limit (by: breaker, order, cap, rate), else 0 "
         "(the busiest keys).",
         labels=[*labels, "by"],
     )
+    blocked = GaugeMetricFamily(
+        "tidegate_ordered_keys_blocked",
+        "Ordered keys whose runs wait behind a front run that cannot start now: backing "
+        "off to retry, delayed, or pending (among the busiest keys).",
+        labels=["lane"],
+    )
+    blocked_by_lane: dict[str, int] = {}
     for key in keys:
         names = [key.lane, key.key]
         in_flight.add_metric(names, key.in_flight or 0)
         waiting.add_metric(names, key.waiting or 0)
         if key.max_running is not None:
             cap.add_metric(names, key.max_running)
-        for limit in ("breaker", "cap", "rate"):
+        for limit in ("breaker", "order", "cap", "rate"):
             held.add_metric([*names, limit], int(key.held_by == limit))
-    yield from (in_flight, waiting, cap, held)
+        if key.ordered:
+            blocked_by_lane[key.lane] = blocked_by_lane.get(key.lane, 0) + key.blocked
+    for lane, count in sorted(blocked_by_lane.items()):
+        blocked.add_metric([lane], count)
+    yield from (in_flight, waiting, cap, held, blocked)
 
 
 def _attempt_families(series: list[Attempts]) -> Iterable[Metric]:

@@ -78,14 +78,16 @@ CREATE TABLE runs (
     -- and `tracestate` of the enqueue's span, or of a webhook's sender. NULL where there
     -- was none.
     trace_context    jsonb,
+    in_line          boolean,  -- its key was ordered when it was enqueued (runs_key_line)
     CONSTRAINT runs_lane_format CHECK (lane ~ '^[A-Za-z0-9_]+$'),
     CONSTRAINT runs_priority_range CHECK (priority BETWEEN 0 AND 9),
     CONSTRAINT runs_max_attempts_positive CHECK (max_attempts >= 1)
 );
 
 -- A ready run is in three indexes, and no more: runs_pkey, runs_claim_lane and
--- runs_key_ready. Every other index holds runs in other states, and is written by the
--- transition into them (docs/architecture.md, "Storage").
+-- runs_key_ready (and runs_key_line, only for a key whose policy is ordered). Every
+-- other index holds runs in other states, and is written by the transition into them
+-- (docs/architecture.md, "Storage").
 --
 -- The claim: one ordered probe per lane of the chain, `*` included (its lanes found by a
 -- skip scan of this index, functions/ready_lanes.sql); the lane's floor, its first entry
@@ -114,6 +116,18 @@ CREATE INDEX runs_pending ON runs (task) WHERE state = 'pending';
 -- per 32-run claim with max_running set, 1.7-1.8 ms with the key). One small index for
 -- all keeps a claim's index writes few.
 CREATE INDEX runs_running ON runs (lane, key) WHERE state = 'running';
+
+-- A key's line, for a key whose policy is ordered: its earliest run not yet started (due,
+-- delayed or backing off after a failed attempt, or waiting for a worker with its task),
+-- found by one probe whatever its backlog, with runs_running for the one in flight
+-- (claim_runs_keyed). Ordered by id, which no index of ready runs is: runs_key_ready
+-- follows the fair clock, and a run that comes due again (a retry after its backoff) is
+-- stamped behind its key's newer runs there, so the clock's order cannot tell a key's
+-- head. Only the runs of ordered keys are in it (in_line, stamped by the insert from the
+-- key's policy, and on a key's unfinished runs when its policy becomes ordered:
+-- line_up_runs.sql): a run of any other key pays no fourth index entry.
+CREATE INDEX runs_key_line ON runs (lane, key, id)
+    WHERE in_line AND state IN ('scheduled', 'available', 'pending');
 
 -- The pruner: finished runs by age.
 CREATE INDEX runs_finished ON runs (completed_at)
@@ -499,6 +513,9 @@ CREATE TABLE key_policies (
     breaker_cooldown_seconds     float8,  -- the first open period; default 30
     breaker_max_cooldown_seconds float8,  -- doubling stops here; default 600
     breaker_probes               integer, -- half-open: runs in flight; default 1
+    -- The key's runs start one at a time, in the order of their ids: a run waits while an
+    -- earlier one of the key has not finished for good (runs_key_line, claim_runs_keyed).
+    ordered                      boolean,
     PRIMARY KEY (lane, key),
     -- The ranges of tidegate.limits.POLICY_BOUNDS, held by the database too (an integer
     -- column's type is its upper end; tests/test_bounds.py checks that they agree): 1/rate

@@ -316,9 +316,10 @@ BEGIN
         -- No ON CONFLICT: it would insert every run speculatively, a second WAL record
         -- per row, for the rows runs_unique never holds (insert_runs.sql measured it).
         INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
-                          trace_context)
+                          trace_context, in_line)
         VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
-                p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers))
+                p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers),
+                key_in_line(p_lane, p_key))
         RETURNING id INTO new_run;
     END IF;
     -- A unique key another admission or enqueue took since the look above (its insert
@@ -327,10 +328,10 @@ BEGIN
     -- (finished, cancelled) frees the key: the loop inserts again.
     WHILE new_run IS NULL LOOP
         INSERT INTO runs (project, lane, key, task, args, priority, max_attempts, vtime,
-                          trace_context, unique_key, unique_states)
+                          trace_context, unique_key, unique_states, in_line)
         VALUES (p_project, p_lane, p_key, p_task, p_args, coalesce(declared.priority, 0),
                 p_max_attempts, next_vtime(p_lane, p_key), trace_context_of(p_headers),
-                p_unique_key, p_unique_states)
+                p_unique_key, p_unique_states, key_in_line(p_lane, p_key))
         ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND state = ANY (unique_states)
         DO NOTHING
         RETURNING id INTO new_run;

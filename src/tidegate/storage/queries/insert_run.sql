@@ -5,6 +5,7 @@
 -- unique key: the caller reads the original with find_runs_by_key or find_unique_runs),
 -- same NOTIFY when the run is ready. One of the two inserts makes a row, the other's
 -- one-time filter stops it before its clock is read.
+-- in_line: whether the run joins its key's line (an ordered key: key_in_line).
 -- declared: a run of a task the enqueuing app does not have comes with its lane,
 -- priority and max_attempts NULL unless the enqueue gave them; its workers' declaration
 -- (tidegate.tasks; tasks_pkey, one probe) fills them, else the defaults, in this
@@ -29,8 +30,8 @@ WITH run AS (
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
-                      state, vtime)
-    SELECT *, next_vtime(lane, key) FROM run
+                      state, vtime, in_line)
+    SELECT *, next_vtime(lane, key), key_in_line(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NULL AND %(unique_key)s::text IS NULL
     RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,
               vtime
@@ -38,8 +39,8 @@ plain AS (
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
-                      state, vtime)
-    SELECT *, next_vtime(lane, key) FROM run
+                      state, vtime, in_line)
+    SELECT *, next_vtime(lane, key), key_in_line(lane, key) FROM run
     WHERE %(idempotency_key)s::text IS NOT NULL OR %(unique_key)s::text IS NOT NULL
     ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique
     RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,

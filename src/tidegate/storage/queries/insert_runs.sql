@@ -3,6 +3,7 @@
 -- The batch arrives as one JSON array (one parameter, parsed by the server in C): far
 -- cheaper on the client than nine arrays of 10,000 values. ORDER BY ord hands out ids
 -- in input order, so the caller can match the returned rows to its input.
+-- clock: also whether each key's runs join its line (an ordered key: key_in_line).
 -- clock: each (lane, key) of the batch starts at key_clock (after the key's newest ready
 -- run, never before the lane's floor; two index probes) and its runs take consecutive
 -- steps of 1/weight: a batch of one key spreads over virtual time, it does not jump
@@ -42,7 +43,8 @@ WITH batch AS (
     LEFT JOIN tasks AS declared ON declared.name = i.task
 ),
 clock AS MATERIALIZED (  -- once per key, not per run
-    SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight
+    SELECT lane, key, key_clock(lane, key) AS start, key_weight(lane, key) AS weight,
+           key_in_line(lane, key) AS in_line
     FROM (SELECT DISTINCT lane, key FROM batch) AS keys
 ),
 stamped AS (
@@ -53,16 +55,16 @@ stamped AS (
                AS state,
            c.start + row_number() OVER (PARTITION BY b.lane, b.key ORDER BY b.ord) / c.weight
                AS vtime,
-           b.ord
+           c.in_line, b.ord
     FROM batch b JOIN clock c ON c.lane = b.lane AND c.key = b.key
 ),
 plain AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
-                      state, vtime)
+                      state, vtime, in_line)
     SELECT project, lane, key, task, args, priority, max_attempts,
            scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
-           state, vtime
+           state, vtime, in_line
     FROM stamped WHERE idempotency_key IS NULL AND unique_key IS NULL
     ORDER BY ord
     RETURNING id, state, lane, priority, max_attempts, project, idempotency_key, unique_key,
@@ -71,10 +73,10 @@ plain AS (
 keyed AS (
     INSERT INTO runs (project, lane, key, task, args, priority, max_attempts,
                       scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
-                      state, vtime)
+                      state, vtime, in_line)
     SELECT project, lane, key, task, args, priority, max_attempts,
            scheduled_at, idempotency_key, unique_key, unique_states, trace_context,
-           state, vtime
+           state, vtime, in_line
     FROM stamped WHERE idempotency_key IS NOT NULL OR unique_key IS NOT NULL
     ORDER BY ord
     ON CONFLICT DO NOTHING  -- runs_idempotency, runs_unique

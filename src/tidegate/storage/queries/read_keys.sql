@@ -13,12 +13,18 @@
 -- runs counted (runs_key_ready, up to %(waiting_cap)s each). A key deep in a backlog
 -- behind the head is not listed.
 --
--- held_by: 'breaker' when the key's circuit breaker is open (or forced open); 'cap' when the key's runs in flight (of every project: that is what the
+-- held_by: 'breaker' when the key's circuit breaker is open (or forced open); 'order'
+-- (below); 'cap' when the key's runs in flight (of every project: that is what the
 -- claim counts) reach max_running; 'rate' when its GCRA state (key_rates.tat) is further
 -- ahead than the burst allows, which is the claim's own test; else ''. fast_lane runs
 -- are exempt from key limits, so only a breaker holds a fast_lane key. breaker: the
 -- breaker's state (functions/breaker_state.sql) where the key has a row, with
 -- open_until; the super admin also sees the keys whose breakers are open or forced.
+-- ordered: the key's policy (its own, else its lane's default) keeps its runs in strict
+-- order (never in fast_lane); head, head_state: the run at the front of its line, the one
+-- its other runs wait behind (its run in flight, else its earliest not started: two
+-- index probes, runs_running and runs_key_line, as the claim reads them), its id shown
+-- only to whom the run's project is visible; held_by 'order' when runs wait behind it.
 WITH running AS (
     SELECT lane, key, count(*) AS every_project,
            count(*) FILTER (WHERE %(project)s::text IS NULL OR project = %(project)s) AS own
@@ -94,23 +100,45 @@ figures AS (
            (SELECT tat FROM key_rates WHERE key_rates.lane = c.lane AND key_rates.key = c.key)
                AS tat,
            CASE WHEN b.lane IS NOT NULL THEN breaker_state(b) END AS breaker,
-           b.open_until AS breaker_until
+           b.open_until AS breaker_until,
+           coalesce(own.ordered, lane_default.ordered, false) AND c.lane <> 'fast_lane'
+               AS ordered,
+           CASE WHEN %(project)s::text IS NULL OR front.project = %(project)s
+                THEN front.id END AS head,
+           front.state::text AS head_state
     FROM chosen AS c
     LEFT JOIN key_breakers AS b ON b.lane = c.lane AND b.key = c.key
     LEFT JOIN key_policies AS own ON own.lane = c.lane AND own.key = c.key
     LEFT JOIN key_policies AS lane_default
         ON lane_default.lane = c.lane AND lane_default.key = '*'
     LEFT JOIN running ON running.lane = c.lane AND running.key = c.key
+    LEFT JOIN LATERAL (
+        SELECT line.id, line.state, line.project FROM (
+            (SELECT runs.id, runs.state, runs.project, 0 AS place FROM runs
+             WHERE runs.lane = c.lane AND runs.key = c.key AND runs.state = 'running'
+             ORDER BY runs.id LIMIT 1)
+            UNION ALL
+            (SELECT runs.id, runs.state, runs.project, 1 AS place FROM runs
+             WHERE runs.lane = c.lane AND runs.key = c.key AND runs.in_line
+               AND runs.state IN ('scheduled', 'available', 'pending')
+             ORDER BY runs.id LIMIT 1)
+        ) AS line
+        WHERE c.key <> '*' AND c.lane <> 'fast_lane'
+          AND coalesce(own.ordered, lane_default.ordered, false)
+        ORDER BY line.place
+        LIMIT 1
+    ) AS front ON true
 )
 SELECT lane, key, max_running, weight, rate, rate_burst, in_flight, waiting,
        CASE
            WHEN breaker IN ('open', 'forced_open') THEN 'breaker'
            WHEN key = '*' OR lane = 'fast_lane' THEN ''
+           WHEN ordered AND head_state <> 'available' AND waiting > 0 THEN 'order'
            WHEN max_running IS NOT NULL AND gate_in_flight >= max_running THEN 'cap'
            WHEN rate IS NOT NULL
                 AND tat > now() + make_interval(secs => (rate_burst - 1) / rate) THEN 'rate'
            ELSE ''
        END AS held_by,
-       breaker, breaker_until
+       breaker, breaker_until, ordered, head, head_state
 FROM figures
 ORDER BY key <> '*', in_flight DESC, waiting DESC, lane, key

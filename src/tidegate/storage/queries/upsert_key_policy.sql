@@ -12,10 +12,11 @@ SELECT (jsonb_populate_record(
 ON CONFLICT (lane, key) DO UPDATE SET
     (max_running, weight, rate, rate_burst, breaker_failures, breaker_ratio,
      breaker_min_attempts, breaker_window_seconds, breaker_cooldown_seconds,
-     breaker_max_cooldown_seconds, breaker_probes, updated_at)
+     breaker_max_cooldown_seconds, breaker_probes, ordered, updated_at)
     = (SELECT patched.max_running, patched.weight, patched.rate, patched.rate_burst,
               patched.breaker_failures, patched.breaker_ratio, patched.breaker_min_attempts,
               patched.breaker_window_seconds, patched.breaker_cooldown_seconds,
-              patched.breaker_max_cooldown_seconds, patched.breaker_probes, now()
+              patched.breaker_max_cooldown_seconds, patched.breaker_probes, patched.ordered,
+              now()
        FROM jsonb_populate_record(p, %(patch)s::jsonb) AS patched)
 RETURNING p.*
