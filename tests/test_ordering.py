@@ -224,3 +224,20 @@ def test_an_ordered_claim_reads_no_backlog_when_the_statistics_predate_it(
         plans, claimed = claim_plans(sql, ["default"], False)
         assert len(claimed) == 8
         assert rows_scanned(plans) <= 500 + 4 * 20, rows_scanned(plans)
+
+
+def test_only_an_ordered_keys_runs_are_in_its_line_and_its_earlier_runs_join_it(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """The line's index (runs_key_line) holds the runs of ordered keys alone: a run of any
+    other key pays no fourth index entry. Runs enqueued before the policy join the line
+    when it is set; runs enqueued after are stamped by their insert, batch or single."""
+    before = app.enqueue_many([NewRun("noop", key="late") for _ in range(3)])
+    other = app.enqueue("noop", key="free")
+    app.set_key_policy("default", "late", ordered=True)
+    after = [app.enqueue("noop", key="late"), *app.enqueue_many([NewRun("noop", key="late")] * 2)]
+    lined = dict(sql.execute("SELECT id, in_line FROM runs").fetchall())
+    assert [lined[run.id] for run in [*before, *after]] == [True] * 6
+    assert lined[other.id] is None
+    app.set_key_policy("default", "*", ordered=True)  # the lane's default lines up the rest
+    assert sql.execute("SELECT in_line FROM runs WHERE id = %s", [other.id]).fetchone() == (True,)
