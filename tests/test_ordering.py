@@ -10,12 +10,14 @@ own rows (``executions``: each attempt's start, on the database's clock) and the
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+
 import httpx
 import psycopg
 import pytest
@@ -23,8 +25,8 @@ from click.testing import CliRunner
 from pydantic import ValidationError
 
 from tests.conftest import running_worker, spawn_worker, wait_until
-from tests.test_claim_plan import claim_plans, rows_scanned, stale_statistics_under_a_backlog
 from tests.http_fixtures import ADMIN, ApiServer
+from tests.test_claim_plan import claim_plans, rows_scanned, stale_statistics_under_a_backlog
 from tidegate import NewRun, RunState, Settings, Tidegate
 from tidegate.api.admin import KeyPolicy
 from tidegate.cli import main
@@ -71,7 +73,7 @@ def assert_in_line(sql: psycopg.Connection, key: str) -> int:
     ).fetchall()
     began = starts(sql)
     attempts = 0
-    for (before, state, ended), (after, _, _) in zip(rows, rows[1:], strict=False):
+    for (before, state, ended), (after, _, _) in itertools.pairwise(rows):
         assert state in ("succeeded", "discarded", "cancelled") and ended is not None
         assert began[after], f"run {after} of {key} never started"
         first = min(began[after])
@@ -81,7 +83,7 @@ def assert_in_line(sql: psycopg.Connection, key: str) -> int:
     return attempts
 
 
-async def test_each_run_of_an_ordered_key_starts_after_every_earlier_one_ended_through_failures_and_a_kill(
+async def test_each_run_of_an_ordered_key_starts_after_every_earlier_one_ended_despite_failures_and_kill(  # noqa: E501
     app: Tidegate,
     settings: Settings,
     sql: psycopg.Connection,
@@ -165,7 +167,9 @@ async def test_other_keys_flow_while_an_ordered_keys_head_backs_off_until_it_is_
         samples = httpx.get(f"{api.url}/metrics", headers=ADMIN, timeout=10).text
         assert 'tidegate_ordered_keys_blocked{lane="default"} 1.0' in samples
         held_lines = [line for line in samples.splitlines() if 'key="held"' in line]
-        assert any('by="order"' in line and line.endswith(" 1.0") for line in held_lines), held_lines
+        assert any('by="order"' in line and line.endswith(" 1.0") for line in held_lines), (
+            held_lines
+        )
 
         app.cancel(head.id)
         await wait_until(lambda: finished(sql, [run.id for run in behind]), 30)

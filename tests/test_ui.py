@@ -1118,7 +1118,9 @@ async def test_the_runs_api_retries_and_cancels_what_a_filter_matches_in_batches
     assert cancelled.json() == {"cancelled": 1, "more": False}
     ship = "SELECT id, state::text FROM runs WHERE task = 'ship'"
     before = dict(sql.execute(ship).fetchall())
-    finished = {i for i, state in before.items() if state in ("succeeded", "discarded", "cancelled")}
+    finished = {
+        i for i, state in before.items() if state in ("succeeded", "discarded", "cancelled")
+    }
     deleted = await client.post("/runs/delete-matching", json={"task": "ship"}, headers=ADMIN)
     assert deleted.json() == {"deleted": len(finished), "more": False}, deleted.text
     assert finished and set(dict(sql.execute(ship).fetchall())) == set(before) - finished

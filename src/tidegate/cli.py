@@ -469,13 +469,15 @@ def _bulk(ctx: click.Context, action: BulkAction, limit: int) -> None:
                 completed_channel=app.completed_channel,
             )
         )
-    _echo(
-        {BULK_DONE[action]: done.changed, "more": done.more}
-    )
+    _echo({BULK_DONE[action]: done.changed, "more": done.more})
 
 
 BULK_LIMIT = click.IntRange(1, MAX_BULK_RUNS)
-BULK_DONE = {BulkAction.RETRY: "retried", BulkAction.CANCEL: "cancelled", BulkAction.DELETE: "deleted"}
+BULK_DONE = {
+    BulkAction.RETRY: "retried",
+    BulkAction.CANCEL: "cancelled",
+    BulkAction.DELETE: "deleted",
+}
 """The count's name in a bulk action's answer, as the runs API names it."""
 
 

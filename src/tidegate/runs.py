@@ -515,9 +515,10 @@ def bulk_runs(
     For a connection in autocommit (every driver's), each statement is its own
     transaction: a batch's runs are found without a lock, then changed by the action's
     own statement (``retry_runs``: to the ``default`` lane, as a bulk retry goes;
-    ``cancel_runs``; delete_runs.sql, finished runs only), which locks them only while it changes them and passes over any
-    that left the action's states meanwhile. No lock outlives a batch, and a claim skips
-    a locked row rather than wait for it: a bulk action never stalls the workers.
+    ``cancel_runs``; delete_runs.sql, finished runs only), which locks them only while
+    it changes them and passes over any that left the action's states meanwhile. No lock
+    outlives a batch, and a claim skips a locked row rather than wait for it: a bulk
+    action never stalls the workers.
     """
     changed = 0
     before: int | None = None
