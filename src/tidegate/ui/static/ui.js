@@ -94,11 +94,10 @@
     charts[id] = { plot: plot, names: names, destroy: function () { plot.destroy(); } };
   }
 
-  function refresh() {
-    if (!document.getElementById("admissions-chart")) {
-      return;
-    }
-    fetch("/ui/api/activity", { credentials: "same-origin" })
+  // Read a chart's figures and hand them to `use`: a lapsed session goes to sign-in, and
+  // a failed read is left for the next poll.
+  function poll(url, use) {
+    fetch(url, { credentials: "same-origin" })
       .then(function (response) {
         if (response.status === 401) {
           window.location = "/ui/login";
@@ -108,11 +107,20 @@
       })
       .then(function (activity) {
         if (activity) {
-          draw("throughput-chart", activity.throughput, activity.minutes);
-          draw("admissions-chart", activity.admissions, activity.minutes);
+          use(activity);
         }
       })
       .catch(function () { /* the next poll tries again */ });
+  }
+
+  function refresh() {
+    if (!document.getElementById("admissions-chart")) {
+      return;
+    }
+    poll("/ui/api/activity", function (activity) {
+      draw("throughput-chart", activity.throughput, activity.minutes);
+      draw("admissions-chart", activity.admissions, activity.minutes);
+    });
   }
 
   // The tasks page: a chart per task, in the order the server gives (the most attempts
@@ -172,20 +180,7 @@
     if (!document.getElementById("task-charts")) {
       return;
     }
-    fetch("/ui/api/tasks", { credentials: "same-origin" })
-      .then(function (response) {
-        if (response.status === 401) {
-          window.location = "/ui/login";
-          return null;
-        }
-        return response.ok ? response.json() : null;
-      })
-      .then(function (activity) {
-        if (activity) {
-          drawTasks(activity);
-        }
-      })
-      .catch(function () { /* the next poll tries again */ });
+    poll("/ui/api/tasks", drawTasks);
   }
 
   // A chart is drawn at its box's width: when the window's changes, so do the charts'.
