@@ -1183,6 +1183,14 @@ async def test_a_key_policy_is_changed_and_cleared_once_confirmed_by_the_admin_o
     assert _policy(sql, "default", "capped") == (3, 2.5, 0.5, None, 5)
     figures = cells(await admin.page("/ui/keys"), 'data-lane="default" data-key', "capped")
     assert re.findall(r'<td class="num">([^<]*)</td>', figures)[:3] == ["3", "2.5", "0.5"]
+    # Strict order: on, then back to the lane's default; an unknown choice is no value.
+    ordered = "SELECT ordered FROM key_policies WHERE lane = 'default' AND key = 'capped'"
+    assert (await admin.post(path, **fields, rate="0.5", ordered="yes")).status_code == 303
+    assert sql.execute(ordered).fetchone() == (True,)
+    form = await admin.page("/ui/keys/policy?lane=default&key=capped")
+    assert '<option value="yes" selected>' in form
+    assert (await admin.post(path, **fields, rate="0.5", ordered="maybe")).status_code == 303
+    assert sql.execute(ordered).fetchone() == (None,)
 
     confirm = await admin.page("/ui/keys/policy/clear?lane=default&key=capped")
     assert '<form class="confirm clear-policy" method="post"' in confirm

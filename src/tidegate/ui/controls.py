@@ -38,6 +38,9 @@ router = APIRouter(prefix="/ui", include_in_schema=False)
 EDITED = ("max_running", "weight", "rate", "rate_burst")
 """The policy fields the dashboard's form edits; the breaker's own fields stay with the
 CLI and the admin API (``tidegate keys set``), which the form leaves as they are."""
+ORDERED = {"": None, "yes": True, "no": False}
+"""The form's choices for strict order: the lane's default (none of its own), or on, or
+off for this key whatever the default says; anything else is no value."""
 FORCES = {"open": "open", "closed": "closed", "auto": None}
 """The breaker page's buttons and what each asks of ``force_breaker`` (auto: back to
 its policy)."""
@@ -102,7 +105,8 @@ async def set_policy(request: Request, session: Current) -> RedirectResponse:
     _admin_only(session)
     form = await check_csrf(request, session)
     lane, key = _lane_and_key(form)
-    fields = {name: _number(name, form.get(name, "")) for name in EDITED}
+    fields: dict[str, Any] = {name: _number(name, form.get(name, "")) for name in EDITED}
+    fields["ordered"] = ORDERED.get(str(form.get("ordered", "")))
     try:
         await api_of(request).run(set_key_policy(lane, key, **fields))
     except PolicyError as error:
