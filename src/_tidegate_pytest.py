@@ -2,7 +2,7 @@
 ``pytest11`` entry point) wherever tidegate is installed.
 
 - ``tidegate_database_url`` (session): ``TIDEGATE_DATABASE_URL``, or else an embedded
-  PostgreSQL started for the session in pytest's temporary folder;
+  PostgreSQL started for the session in a temporary folder of its own;
 - ``tidegate_schema``: a schema name of the test's own, dropped after it;
 - ``tidegate_app``: the application's ``Tidegate`` bound to that schema, migrated: the
   object the ini option ``tidegate_app = myapp:app`` names (the code under test enqueues
@@ -17,10 +17,14 @@ the machine is).
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -39,14 +43,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.fixture(scope="session")
-def tidegate_database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """``TIDEGATE_DATABASE_URL``, or an embedded PostgreSQL started for the session."""
+def tidegate_database_url() -> str:
+    """``TIDEGATE_DATABASE_URL``, or an embedded PostgreSQL started for the session.
+
+    The embedded server's folder is a temporary one of its own, not pytest's: as root,
+    the server runs as an unprivileged user, and every pytest session that starts (a
+    second one beside this, or one a test runs) makes pytest's folders private to root
+    again; the server, reaching a file by its full path (a checkpoint's), would then stop
+    with "Permission denied". The folder is removed at exit, after the server stops
+    (atexit runs the last registered first: the server's stop was registered later).
+    """
     url = os.environ.get("TIDEGATE_DATABASE_URL")
     if url:
         return url
     from tidegate.storage.embedded import start_embedded
 
-    return start_embedded(tmp_path_factory.mktemp("tidegate"))
+    folder = tempfile.mkdtemp(prefix="tidegate-pytest-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return start_embedded(Path(folder))
 
 
 @pytest.fixture

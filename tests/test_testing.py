@@ -10,9 +10,11 @@ option, a schema per test, harmless when unused) run a user's project with
 from __future__ import annotations
 
 import asyncio
+import os
 import textwrap
 from typing import Any
 
+import psycopg
 import pytest
 
 from tidegate import Cancel, Discard, Retry, RunState, SchemaError, Tidegate, current_run
@@ -279,3 +281,24 @@ def test_the_plugin_touches_nothing_when_no_test_asks_for_it(
     result = pytester.runpytest_subprocess("--trace-config", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["*_tidegate_pytest*"])  # loaded, by its entry point
+
+
+def test_the_embedded_server_survives_another_pytest_session_making_its_folders_private(
+    tidegate_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """As root, every pytest session that starts makes ``/tmp/pytest-of-root`` private to
+    root; an embedded server (an unprivileged user) kept under it then stops at its next
+    checkpoint ("could not open pg_control: Permission denied"). Its folder is elsewhere."""
+    if os.environ.get("TIDEGATE_DATABASE_URL") or os.geteuid() != 0:
+        pytest.skip("only the embedded server of a session run as root")
+    base = tmp_path_factory.getbasetemp()
+    top = next(folder for folder in (base, *base.parents) if folder.name.startswith("pytest-of-"))
+    mode = top.stat().st_mode
+    top.chmod(mode & ~0o077)  # what a second pytest session does
+    try:
+        with psycopg.connect(tidegate_database_url, autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+        with psycopg.connect(tidegate_database_url, autocommit=True) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        top.chmod(mode)
