@@ -22,8 +22,7 @@
 -- open_until; the super admin also sees the keys whose breakers are open or forced.
 -- ordered: the key's policy (its own, else its lane's default) keeps its runs in strict
 -- order (never in fast_lane); head, head_state: the run at the front of its line, the one
--- its other runs wait behind (its run in flight, else its earliest not started: two
--- index probes, runs_running and runs_key_line, as the claim reads them), its id shown
+-- its other runs wait behind (functions/line_front.sql: two index probes), its id shown
 -- only to whom the run's project is visible; held_by 'order' when runs wait behind it.
 WITH running AS (
     SELECT lane, key, count(*) AS every_project,
@@ -113,20 +112,9 @@ figures AS (
         ON lane_default.lane = c.lane AND lane_default.key = '*'
     LEFT JOIN running ON running.lane = c.lane AND running.key = c.key
     LEFT JOIN LATERAL (
-        SELECT line.id, line.state, line.project FROM (
-            (SELECT runs.id, runs.state, runs.project, 0 AS place FROM runs
-             WHERE runs.lane = c.lane AND runs.key = c.key AND runs.state = 'running'
-             ORDER BY runs.id LIMIT 1)
-            UNION ALL
-            (SELECT runs.id, runs.state, runs.project, 1 AS place FROM runs
-             WHERE runs.lane = c.lane AND runs.key = c.key AND runs.in_line
-               AND runs.state IN ('scheduled', 'available', 'pending')
-             ORDER BY runs.id LIMIT 1)
-        ) AS line
+        SELECT line.id, line.state, line.project FROM line_front(c.lane, c.key) AS line
         WHERE c.key <> '*' AND c.lane <> 'fast_lane'
           AND coalesce(own.ordered, lane_default.ordered, false)
-        ORDER BY line.place
-        LIMIT 1
     ) AS front ON true
 )
 SELECT lane, key, max_running, weight, rate, rate_burst, in_flight, waiting,
