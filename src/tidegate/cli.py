@@ -458,7 +458,8 @@ def runs_retry(ctx: click.Context, /, run_id: int) -> None:
 
 
 def _bulk(ctx: click.Context, action: BulkAction, limit: int) -> None:
-    """Retry or cancel what the group's filters match, and print what it did as JSON."""
+    """Retry, cancel or delete what the group's filters match, and print what it did as
+    JSON."""
     with _open(ctx) as app:
         done = app.execute(
             bulk_runs(
@@ -481,47 +482,34 @@ BULK_DONE = {
 """The count's name in a bulk action's answer, as the runs API names it."""
 
 
-@runs.command("retry-matching")
-@_command_option(
-    "--limit",
-    type=BULK_LIMIT,
-    default=1000,
-    help="The most runs retried; 'more' says if any are left.",
-)
-@click.pass_context
-def runs_retry_matching(ctx: click.Context, /, limit: int) -> None:
-    """Run again, in the default lane, the finished runs the filters before it match
-    (tidegate runs --task T --state discarded retry-matching), newest first, in batches
-    that never hold a lock a claim waits for (as POST /runs/retry-matching)."""
-    _bulk(ctx, BulkAction.RETRY, limit)
+BULK_HELP = {
+    BulkAction.RETRY: "Run again, in the default lane, the finished runs the filters before it"
+    " match (tidegate runs --task T --state discarded retry-matching), newest first, in"
+    " batches that never hold a lock a claim waits for (as POST /runs/retry-matching).",
+    BulkAction.CANCEL: "Cancel the unfinished runs the filters before it match, newest first,"
+    " in batches (as POST /runs/cancel-matching).",
+    BulkAction.DELETE: "Delete the finished runs the filters before it match, newest first, in"
+    " batches (as POST /runs/delete-matching); an unfinished run is never deleted.",
+}
 
 
-@runs.command("cancel-matching")
-@_command_option(
-    "--limit",
-    type=BULK_LIMIT,
-    default=1000,
-    help="The most runs cancelled; 'more' says if any are left.",
-)
-@click.pass_context
-def runs_cancel_matching(ctx: click.Context, /, limit: int) -> None:
-    """Cancel the unfinished runs the filters before it match, newest first, in batches
-    (as POST /runs/cancel-matching)."""
-    _bulk(ctx, BulkAction.CANCEL, limit)
+def _bulk_command(action: BulkAction) -> None:
+    """Add ``tidegate runs [filters] <action>-matching``: one command per bulk action."""
+
+    @runs.command(f"{action}-matching", help=BULK_HELP[action])
+    @_command_option(
+        "--limit",
+        type=BULK_LIMIT,
+        default=1000,
+        help=f"The most runs {BULK_DONE[action]}; 'more' says if any are left.",
+    )
+    @click.pass_context
+    def command(ctx: click.Context, /, limit: int) -> None:
+        _bulk(ctx, action, limit)
 
 
-@runs.command("delete-matching")
-@_command_option(
-    "--limit",
-    type=BULK_LIMIT,
-    default=1000,
-    help="The most runs deleted; 'more' says if any are left.",
-)
-@click.pass_context
-def runs_delete_matching(ctx: click.Context, /, limit: int) -> None:
-    """Delete the finished runs the filters before it match, newest first, in batches
-    (as POST /runs/delete-matching); an unfinished run is never deleted."""
-    _bulk(ctx, BulkAction.DELETE, limit)
+for _action in BulkAction:
+    _bulk_command(_action)
 
 
 RUN_COLUMNS = ("ID", "TASK", "LANE", "KEY", "STATE", "ATTEMPT", "INSERTED", "REASON")
