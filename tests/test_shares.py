@@ -106,13 +106,17 @@ async def test_an_idle_lanes_share_is_lent_and_comes_back_as_runs_finish(
     start_worker_process(SHARES)
     sampler = Sampler(sql)
     # c has no runs: its share is lent, 3 to 1, so the workloop's 12 slots stay busy.
-    await wait_until(lambda: sampler.executing(sampler.sample()) == LENT, interval=0.02)
+    await wait_until(
+        lambda: sampler.executing(sampler.sample()) == LENT, timeout=120, interval=0.02
+    )
     sampler.never_over(LENT)
     sampler.samples.clear()
     # c has runs again: the slots it lent come back as a's and b's runs finish (none is
     # stopped), and from then on each lane holds its share.
     enqueue(app, "c", 30, 1.0)
-    await wait_until(lambda: sampler.executing(sampler.sample()) == TARGET, interval=0.02)
+    await wait_until(
+        lambda: sampler.executing(sampler.sample()) == TARGET, timeout=120, interval=0.02
+    )
     sampler.never_over({**LENT, "c": TARGET["c"]})
     sampler.samples.clear()
     for _ in range(20):  # a second or so of every lane busy
