@@ -9,13 +9,21 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from itertools import pairwise
 from pathlib import Path
 
 import httpx
 import psycopg
 
-from tests.http_fixtures import ApiServer, assert_problem, counts, create_project, create_trigger
-from tidegate.admission import PLACE_FIELD
+from tests.http_fixtures import (
+    ADMIN,
+    ApiServer,
+    assert_problem,
+    counts,
+    create_project,
+    create_trigger,
+)
+from tidegate.admission import PLACE_FIELD, PLACE_GRACE_SECONDS
 
 
 def place_of(response: httpx.Response) -> dict[str, str]:
@@ -43,6 +51,7 @@ async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
 
         # At a's time, room is a's: b, come early through the other process, waits.
         await asyncio.sleep(int(a.headers["retry-after"]))
+        early_at = time.monotonic()
         early = await first.post(url, json={"caller": "b"}, headers=place_of(b))
         assert early.headers[PLACE_FIELD].split(";")[0] == b.headers[PLACE_FIELD].split(";")[0]
         assert ";ahead=1;" in early.headers[PLACE_FIELD]
@@ -50,8 +59,10 @@ async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
             await second.post(url, json={"caller": "a"}, headers=place_of(a))
         ).status_code == 202
 
-        # b gives up; c, refused after it, gets in once b's place has lapsed.
+        # b gives up. c, refused after it, gets in at the instant the rate reserved for
+        # it, whether b comes or not: b's place holds b's instant, not c's.
         c = await second.post(url, json={"caller": "c"})
+        assert ";ahead=1;" in c.headers[PLACE_FIELD]
         ticket_c = place_of(c)
 
         async def c_admitted() -> bool:
@@ -63,7 +74,10 @@ async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
             return False
 
         await wait_until_async(c_admitted, timeout=20)
-        # b's ticket is stale now: b is a newcomer, with a new place.
+        # Once b's place has lapsed (the grace past the whole second b was last told),
+        # its ticket is stale: b is a newcomer, with a new place.
+        told_b = early_at + int(early.headers["retry-after"]) + PLACE_GRACE_SECONDS
+        await asyncio.sleep(max(0.0, told_b - time.monotonic()) + 0.5)
         late = await first.post(url, json={"caller": "b"}, headers=place_of(b))
         assert_problem(late, 429)
         assert late.headers[PLACE_FIELD].split(";")[0] != b.headers[PLACE_FIELD].split(";")[0]
@@ -107,21 +121,80 @@ async def test_a_forged_ticket_is_a_newcomer_and_no_ticket_still_gets_an_exact_4
     assert counts(sql) == (2, 2)
 
 
-async def test_a_place_is_due_an_interval_after_the_whole_second_told_to_the_one_ahead(
-    api: ApiServer,
+async def test_callers_share_a_second_when_the_rate_has_room_for_them_in_any_order(
+    api: ApiServer, sql: psycopg.Connection
 ) -> None:
     async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
         await create_project(client, "acme", ingest_rate=2, ingest_burst=1)
         url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
         assert (await client.post(url, json={})).status_code == 202
-        sent = time.monotonic()
+        a, b, c = [await client.post(url, json={"caller": n}) for n in "abc"]
+        # The rate reserves an instant for each place, one interval (0.5 s) apart: a
+        # and b are due within the next second.
+        reserved = [due for (due,) in sql.execute("SELECT due_at FROM waiting_places ORDER BY id")]
+        assert [(later - before).total_seconds() for before, later in pairwise(reserved)] == [
+            0.5,
+            0.5,
+        ]
+        assert [int(r.headers["retry-after"]) for r in (a, b)] == [1, 1]
+        await asyncio.sleep(1)
+        # Back at the second they were told, in the other order: both are admitted,
+        # each on the instant reserved for it.
+        assert (
+            await client.post(url, json={"caller": "b"}, headers=place_of(b))
+        ).status_code == 202
+        assert (
+            await client.post(url, json={"caller": "a"}, headers=place_of(a))
+        ).status_code == 202
+        # c, back when a and b were told, is early: it keeps its place, told again.
+        early = await client.post(url, json={"caller": "c"}, headers=place_of(c))
+        if early.status_code != 202:  # a slow machine may reach c's instant by now
+            assert early.headers[PLACE_FIELD].split(";")[0] == c.headers[PLACE_FIELD].split(";")[0]
+            await asyncio.sleep(int(early.headers["retry-after"]))
+            early = await client.post(url, json={"caller": "c"}, headers=place_of(early))
+        assert early.status_code == 202
+    # The places spent the rate once each, when they were given: its arrival time is
+    # one interval past c's instant.
+    (tat,) = sql.execute("SELECT ingest_tat FROM projects").fetchone()  # type: ignore[misc]
+    assert (tat - reserved[2]).total_seconds() == 0.5
+    assert counts(sql) == (4, 4)
+
+
+async def test_a_reservation_that_came_due_is_kept_while_a_cap_holds_its_caller(
+    api: ApiServer, sql: psycopg.Connection
+) -> None:
+    """A caller whose reserved instant came due but whose key's backlog is full: its
+    place in the backlog's line takes the same ticket, and the rate's reservation lives
+    as long, so when room frees it is admitted without spending the rate again."""
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=0.5, ingest_burst=1, backlog_cap=1)
+        url = (await create_trigger(client, "acme", "orders", mode="async", task="echo"))["url"]
+        first = await client.post(url, json={"caller": "first"})
+        assert first.status_code == 202
         a = await client.post(url, json={"caller": "a"})
-        b = await client.post(url, json={"caller": "b"})
-        since_a = time.monotonic() - sent
-    # a comes back no sooner than the whole seconds it was told, so b's room frees one
-    # interval (0.5 s) after that: b's due time, counted from a's refusal, is no earlier.
-    due_b = float(place_of(b)[PLACE_FIELD].split("due=")[1])
-    assert due_b + since_a >= int(a.headers["retry-after"]) + 0.5
+        # Three more behind a: the rate's next free instant is 8 s away.
+        for n in "bcd":
+            assert_problem(await client.post(url, json={"caller": n}), 429)
+        (tat,) = sql.execute("SELECT ingest_tat FROM projects").fetchone()  # type: ignore[misc]
+        await asyncio.sleep(int(a.headers["retry-after"]))
+        full = await client.post(url, json={"caller": "a"}, headers=place_of(a))
+        assert_problem(full, 503)
+        assert full.headers[PLACE_FIELD].split(";")[0] == a.headers[PLACE_FIELD].split(";")[0]
+        # Room in the backlog: the first run is cancelled (no worker took it).
+        cancelled = await client.post(f"/runs/{first.json()['run_id']}/cancel", headers=ADMIN)
+        assert cancelled.status_code == 200, cancelled.text
+        # Back at the backlog's time, past its first place's lapse and before the rate's
+        # next free instant: admitted on its reservation.
+        await asyncio.sleep(int(full.headers["retry-after"]))
+        done = await client.post(
+            url, json={"caller": "a"}, headers={PLACE_FIELD: full.headers[PLACE_FIELD]}
+        )
+        assert done.status_code == 202, done.text
+    assert sql.execute("SELECT ingest_tat FROM projects").fetchone() == (tat,)
+    assert sql.execute(
+        "SELECT count(*) FROM waiting_places WHERE ticket = %s",
+        [a.headers[PLACE_FIELD].split(";")[0].strip('"')],
+    ).fetchone() == (0,)
 
 
 def example_client() -> Callable[..., httpx.Response]:

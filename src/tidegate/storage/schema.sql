@@ -441,7 +441,8 @@ CREATE INDEX request_log_received ON request_log (received_at);
 -- The waiting room: a place for each caller refused for a limit (a project's fast-lane
 -- cap, its ingest rate, a key's backlog cap), in the order they were refused (id). A
 -- caller that comes back with its ticket is admitted before any caller behind it: the
--- room a limit frees goes to the places first in line (admit_webhook, take_place).
+-- room a cap frees goes to the places first in line, and the ingest rate reserves an
+-- instant for each place when it is given (admit_webhook, take_place).
 -- A place lapses when its caller has not come back by lapses_at; nothing reads a lapsed
 -- place, and the next refusal in its line deletes it.
 CREATE TABLE waiting_places (
@@ -454,8 +455,9 @@ CREATE TABLE waiting_places (
     -- What the caller holds (the Tidegate-Place field): random, so a forged one finds
     -- no place.
     ticket     uuid        NOT NULL DEFAULT gen_random_uuid(),
-    -- When the caller was told to come back (Retry-After, whole seconds): the promise
-    -- the places behind it are scheduled from.
+    -- A cap's place: when the caller was told to come back (Retry-After, whole
+    -- seconds), the promise the places behind it are scheduled from. The ingest rate's:
+    -- the instant the rate reserved for it, from which on its caller is admitted.
     due_at     timestamptz NOT NULL,
     lapses_at  timestamptz NOT NULL
 );
@@ -463,8 +465,10 @@ CREATE TABLE waiting_places (
 -- A line, in order: the places ahead of a caller, counted up to the room there is.
 CREATE INDEX waiting_places_line ON waiting_places (project, waits_for, key, id);
 
--- A caller's place, by the ticket it brings back.
-CREATE UNIQUE INDEX waiting_places_ticket ON waiting_places (ticket);
+-- A caller's place, by the ticket it brings back. One ticket names at most one place a
+-- line: a place of the ingest rate's line that came due is kept beside the place a cap's
+-- line then gives its caller, under the same ticket (admit_webhook).
+CREATE UNIQUE INDEX waiting_places_ticket ON waiting_places (ticket, waits_for);
 
 -- The super admin's token (its sha256): configured (TIDEGATE_ADMIN_TOKEN) or generated.
 CREATE TABLE admin_tokens (

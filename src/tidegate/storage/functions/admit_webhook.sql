@@ -48,11 +48,13 @@
 --                 with its key's next step on the lane's clock (next_vtime),
 --                 as an enqueued one is (insert_run.sql).
 -- The waiting room (waiting_places): a caller refused by the ingest rate, the fast-lane
--- cap or the backlog cap is given a place in that limit's line (take_place), and the
--- room a limit has goes first to the places ahead of a caller (places_ahead): a caller
--- that comes back with its ticket (p_ticket) at its time is admitted before anyone
--- refused after it, and a newcomer waits behind every live place. The limits themselves
--- are decided as before, under the same locks; a line only makes them refuse sooner.
+-- cap or the backlog cap is given a place in that limit's line (take_place). For a cap,
+-- the room it has goes first to the places ahead of a caller (places_ahead); the ingest
+-- rate reserves each place's instant when it gives the place, as golang's rate.Limiter
+-- Reserve does. Either way a caller that comes back with its ticket (p_ticket) at its
+-- time is admitted before anyone refused after it, and a newcomer waits behind every
+-- live place. The limits are decided under the same locks; a line only makes them
+-- refuse sooner, and a reservation is the rate's admission, made early.
 -- Retry-After (retry_after): for a place, the seconds until its due time (take_place:
 -- from the places ahead and how fast the limit frees room: the ingest rate's interval;
 -- the project's recent fast-lane runs' time, 9 in 10 as fast, over its cap; the key's
@@ -112,6 +114,9 @@ DECLARE
     room integer;
     line record;
     given record;
+    reserved_place bigint;
+    reserved_at timestamptz;
+    kept_ticket uuid;
     spacing float8;
     declared record;
 BEGIN
@@ -159,33 +164,61 @@ BEGIN
 
     IF proj.ingest_rate IS NOT NULL THEN
         -- The row lock serializes the project's admissions while the rate is decided;
-        -- the new arrival time is written only if the request is admitted, so a
-        -- rejection spends nothing. Time is read once the lock is held: now() is when
-        -- the transaction began, and one that began first but got the lock second would
-        -- find the arrival time its successor wrote in its future, and be refused with
-        -- room left (a burst of 2 admitted 1, one time in eight).
+        -- the new arrival time is written only if the request is admitted or given a
+        -- place (which reserves its instant), so a rejection without one spends nothing.
+        -- Time is read once the lock is held: now() is when the transaction began, and
+        -- one that began first but got the lock second would find the arrival time its
+        -- successor wrote in its future, and be refused with room left (a burst of 2
+        -- admitted 1, one time in eight).
         emission := 1.0 / proj.ingest_rate;
         PERFORM FROM projects WHERE id = p_project FOR UPDATE;
         decided := clock_timestamp();
         SELECT greatest(coalesce(projects.ingest_tat, decided), decided) INTO tat
         FROM projects WHERE id = p_project;
-        -- Room: the admissions the rate allows now, up to the burst.
-        room := least(proj.ingest_burst, greatest(0, floor(
-            (extract(epoch FROM decided - tat)::float8 + proj.ingest_burst * emission)
-            / emission
-        )::integer));
-        SELECT * INTO line FROM places_ahead(p_project, 'ingest', '', p_ticket, room);
-        IF room <= line.ahead THEN
-            -- The next room frees when the rate allows one more than now, then one each
-            -- interval.
-            SELECT * INTO given FROM take_place(p_project, 'ingest', '', line.mine, room,
-                tat - make_interval(secs => (proj.ingest_burst - room - 1) * emission),
-                emission, p_place_grace, p_max_places);
+        -- A caller back with the ticket of its place in the rate's line: the rate
+        -- reserved an instant for it when it was refused, so from that instant on it is
+        -- admitted without spending the rate again, and before it, told again.
+        IF p_ticket IS NOT NULL THEN
+            SELECT w.id, w.due_at INTO reserved_place, reserved_at FROM waiting_places w
+            WHERE w.ticket = p_ticket AND w.project = p_project AND w.waits_for = 'ingest'
+              AND w.lapses_at > decided;
+        END IF;
+        IF reserved_place IS NOT NULL AND reserved_at > decided THEN
+            SELECT * INTO given FROM take_place(p_project, 'ingest', '', reserved_place, NULL,
+                true, 0, reserved_at, 0, p_place_grace, p_max_places);
             RETURN QUERY SELECT 'rate_limited', NULL::bigint, NULL::bigint, NULL::integer,
                 NULL::integer, proj.ingest_burst, 0, given.wait, given.ticket, given.ahead;
             RETURN;
         END IF;
-        tat := tat + make_interval(secs => emission);
+        IF reserved_place IS NULL THEN
+            -- Room: the admissions the rate allows now, up to the burst.
+            room := least(proj.ingest_burst, greatest(0, floor(
+                (extract(epoch FROM decided - tat)::float8 + proj.ingest_burst * emission)
+                / emission
+            )::integer));
+            IF room < 1 THEN
+                -- The caller's place reserves the first instant the rate allows, as an
+                -- admission then would (the arrival time moves one interval): the places
+                -- are due one interval apart, however many share a whole second, and a
+                -- newcomer comes after them all. A line with no room for a place
+                -- reserves nothing.
+                SELECT * INTO given FROM take_place(p_project, 'ingest', '', NULL, NULL,
+                    true, 0, tat - make_interval(secs => (proj.ingest_burst - 1) * emission),
+                    0, p_place_grace, p_max_places);
+                IF given.ticket IS NOT NULL THEN
+                    UPDATE projects SET ingest_tat = tat + make_interval(secs => emission)
+                    WHERE id = p_project;
+                END IF;
+                RETURN QUERY SELECT 'rate_limited', NULL::bigint, NULL::bigint, NULL::integer,
+                    NULL::integer, proj.ingest_burst, 0, given.wait, given.ticket, given.ahead;
+                RETURN;
+            END IF;
+            tat := tat + make_interval(secs => emission);
+        ELSE
+            -- Its reservation came due. Should a cap refuse it, its place there takes
+            -- the same ticket, and the reservation is kept as long (take_place).
+            kept_ticket := p_ticket;
+        END IF;
         ingest_remaining := greatest(0, floor(
             (proj.ingest_burst * emission - extract(epoch FROM tat - decided)::float8)
             / emission
@@ -243,7 +276,8 @@ BEGIN
                 ORDER BY runs.completed_at DESC
                 LIMIT 20
             ) AS recent;
-            SELECT * INTO given FROM take_place(p_project, 'fast_lane', '', line.mine, cap - inflight,
+            SELECT * INTO given FROM take_place(p_project, 'fast_lane', '', line.mine,
+                kept_ticket, false, cap - inflight,
                 clock_timestamp() + make_interval(secs => spacing), spacing, p_place_grace,
                 p_max_places);
             RETURN QUERY SELECT 'over_cap', NULL::bigint, NULL::bigint, cap, 0, ingest_burst,
@@ -301,8 +335,9 @@ BEGIN
         IF proj.backlog_cap - backlog <= line.ahead THEN
             spacing := start_interval(p_lane, p_key, p_project);
             SELECT * INTO given FROM take_place(p_project, 'backlog', p_key, line.mine,
-                proj.backlog_cap - backlog, clock_timestamp() + make_interval(secs => spacing),
-                spacing, p_place_grace, p_max_places);
+                kept_ticket, false, proj.backlog_cap - backlog,
+                clock_timestamp() + make_interval(secs => spacing), spacing, p_place_grace,
+                p_max_places);
             RETURN QUERY SELECT 'backlog_full', NULL::bigint, NULL::bigint, fast_lane_cap,
                 fast_lane_remaining, ingest_burst, ingest_remaining, given.wait, given.ticket,
                 given.ahead;
@@ -345,7 +380,7 @@ BEGIN
             RETURN;
         END IF;
     END LOOP;
-    IF proj.ingest_rate IS NOT NULL THEN
+    IF proj.ingest_rate IS NOT NULL AND reserved_place IS NULL THEN
         UPDATE projects SET ingest_tat = tat WHERE id = p_project;
     END IF;
     IF p_ticket IS NOT NULL THEN  -- its place is taken up
