@@ -160,6 +160,30 @@ async def test_callers_share_a_second_when_the_rate_has_room_for_them_in_any_ord
     assert counts(sql) == (4, 4)
 
 
+async def test_a_reservation_admits_one_webhook_however_many_bring_its_ticket_at_once(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    """A ticket copied to many webhooks, sent at once through two API processes when its
+    instant comes: one is admitted on the reservation; every other is a newcomer, and
+    the rate has no room for them."""
+    one, two = start_api(), start_api()
+    async with (
+        httpx.AsyncClient(base_url=one.url, timeout=20) as first,
+        httpx.AsyncClient(base_url=two.url, timeout=20) as second,
+    ):
+        await create_project(first, "acme", ingest_rate=0.2, ingest_burst=1)
+        url = (await create_trigger(first, "acme", "orders", mode="async", task="echo"))["url"]
+        assert (await first.post(url, json={})).status_code == 202
+        refused = await first.post(url, json={"caller": "a"})
+        ticket = place_of(refused)
+        await asyncio.sleep(int(refused.headers["retry-after"]))
+        answers = await asyncio.gather(
+            *((first, second)[n % 2].post(url, json={"copy": n}, headers=ticket) for n in range(10))
+        )
+    assert sorted(a.status_code for a in answers) == [202] + [429] * 9
+    assert counts(sql) == (2, 2)
+
+
 async def test_a_reservation_that_came_due_is_kept_while_a_cap_holds_its_caller(
     api: ApiServer, sql: psycopg.Connection
 ) -> None:
