@@ -128,6 +128,60 @@ async def test_a_worker_claims_its_workloops_free_slots_only_and_completes_what_
     assert errors is not None and errors[0][0]["error"] == "boom"
 
 
+async def test_a_claim_carrying_outcomes_writes_them_and_takes_the_slots_they_free(
+    app: Tidegate, client: httpx.AsyncClient, sql: psycopg.Connection
+) -> None:
+    """One call a cycle: the outcomes a claim carries are written first, in its
+    transaction, and the slots they free are claimed in the same call; an outcome of a
+    run the worker does not hold frees nothing; a bad one refuses the whole call."""
+    token = await worker_token(client, "fleet", ["default"])
+    registered = await client.post(
+        "/workers", json={"workloops": "default:2", "tasks": ["echo"]}, headers=token
+    )
+    assert registered.json()["claim_outcomes"] is True
+    worker = RemoteWorker(client, token, registered.json()["worker_id"])
+    for n in range(5):
+        await app.aenqueue("echo", {"n": n})
+    held = await worker.claim(2)
+
+    def row(
+        run: dict[str, Any], attempt: int | None = None, result: str = '"ok"'
+    ) -> dict[str, Any]:
+        return {
+            "id": run["id"],
+            "attempt": attempt or run["attempt"],
+            "state": "succeeded",
+            "result": result,
+            "max_attempts": run["max_attempts"],
+        }
+
+    # Not this attempt: nothing written, no slot freed, so nothing claimed.
+    stale = await worker.post(
+        "/claim", {"workloop": 0, "demand": 2, "outcomes": [row(held[0], attempt=9)]}
+    )
+    assert stale.status_code == 200, stale.text
+    assert stale.json() == {"runs": [], "recorded": [], "breakers": []}
+    # Not JSON: refused, nothing written.
+    bad = await worker.post(
+        "/claim", {"workloop": 0, "demand": 2, "outcomes": [row(held[0], result="{")]}
+    )
+    assert_problem(bad, 422)
+    assert state_of(sql, held[0]["id"]) == ("running", 1)
+
+    answer = await worker.post(
+        "/claim",
+        {"workloop": 0, "demand": 2, "outcomes": [row(run) for run in held], "format": "rows"},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["recorded"] == sorted(run["id"] for run in held)
+    assert len(answer.json()["rows"]) == 2  # both slots, freed in the same call
+    for run in held:
+        assert state_of(sql, run["id"]) == ("succeeded", 1)
+    assert sql.execute(
+        "SELECT count(*) FROM runs WHERE state = 'running' AND worker_id = %s", [worker.id]
+    ).fetchone() == (2,)
+
+
 async def test_a_claim_in_rows_carries_the_runs_an_old_claim_gets_as_objects(
     app: Tidegate, client: httpx.AsyncClient
 ) -> None:

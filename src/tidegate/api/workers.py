@@ -164,6 +164,21 @@ class Registration(BaseModel):
     """What to show for it in the workers lists (the client's address by default)."""
 
 
+class OutcomeRow(BaseModel):
+    """An attempt's outcome as the worker made it (``complete_runs``' row): what the
+    Python worker sends, its handler's result and error already JSON text."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: RunId
+    attempt: Attempt
+    state: Literal["scheduled", "succeeded", "discarded", "cancelled"]
+    result: str | None = Field(default=None, max_length=MAX_JSON_TEXT)
+    error: str | None = Field(default=None, max_length=MAX_JSON_TEXT)
+    delay_seconds: float = Field(default=0.0, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
+    max_attempts: int = Field(ge=1, le=32767)
+    verdict: Literal["success", "failure"] | None = None
+
+
 class Claim(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -174,6 +189,11 @@ class Claim(BaseModel):
     wait_seconds: float = Field(default=30.0, ge=0, le=MAX_WAIT_SECONDS, allow_inf_nan=False)
     format: Literal["objects", "rows"] = "objects"
     """How the runs are answered (``CLAIM_FORMATS``)."""
+    outcomes: list[OutcomeRow] = Field(default_factory=list, max_length=10_000)
+    """Outcomes of the workloop's runs, written (as ``complete`` writes them) before its
+    free slots are counted, in the claim's transaction: the slots they free are claimed
+    at once, in one call instead of two. The answer's ``recorded`` and ``breakers`` say
+    what was written."""
 
 
 class Counted(BaseModel):
@@ -231,21 +251,6 @@ class Heartbeat(BaseModel):
         if len(set(series)) < len(series):
             raise ValueError("counters: one row per (task, lane, outcome)")
         return counters
-
-
-class OutcomeRow(BaseModel):
-    """An attempt's outcome as the worker made it (``complete_runs``' row): what the
-    Python worker sends, its handler's result and error already JSON text."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: RunId
-    attempt: Attempt
-    state: Literal["scheduled", "succeeded", "discarded", "cancelled"]
-    result: str | None = Field(default=None, max_length=MAX_JSON_TEXT)
-    error: str | None = Field(default=None, max_length=MAX_JSON_TEXT)
-    delay_seconds: float = Field(default=0.0, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
-    max_attempts: int = Field(ge=1, le=32767)
-    verdict: Literal["success", "failure"] | None = None
 
 
 class EventRow(BaseModel):
@@ -377,6 +382,7 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
         "heartbeat_seconds": settings.heartbeat_seconds,
         "workloops": workloops,
         "claim_formats": list(CLAIM_FORMATS),
+        "claim_outcomes": True,
     }
 
 
@@ -411,6 +417,9 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
         "tasks": tasks,
         "live_seconds": 3 * settings.heartbeat_seconds,
     }
+    outcomes = _outcome_rows(body.outcomes, settings.max_json_depth)
+    completion = _completion(api, worker_id, outcomes, []) if outcomes else None
+    written: dict[str, Any] = {}
     clock = asyncio.get_running_loop().time
     deadline = clock() + body.wait_seconds
     place = (worker_id, body.workloop)
@@ -419,13 +428,19 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
         async with api.claims.claiming(fleet.token, place, (chain, tuple(tasks)), deadline) as turn:
             while True:
                 turn.look()
-                free, claimed = await api.transact(_claim(params, loop["slots"], body.demand))
+                free, claimed, completed = await api.transact(
+                    _claim(params, loop["slots"], body.demand, completion)
+                )
+                if completion is not None:  # written with the first look only
+                    recorded, breakers = await _settled(api, worker_id, outcomes, completed)
+                    written = {"recorded": sorted(recorded), "breakers": breakers}
+                    completion = None
                 turn.looked(asked=min(body.demand, free), got=len(claimed))
                 if free <= 0 or claimed or clock() >= deadline:
-                    return _claimed(claimed, body.format)
+                    return _claimed(claimed, body.format, written)
                 await turn.sleep(deadline - clock(), gone)
                 if gone.done() or clock() >= deadline:
-                    return _claimed([], body.format)
+                    return _claimed([], body.format, written)
     except Busy as busy:
         raise HTTPException(429, busy.title, {"Retry-After": str(busy.retry_after)}) from None
     finally:
@@ -487,21 +502,12 @@ async def complete(
     errors. ``breakers``: circuit breakers the outcomes opened or closed."""
     api: Api = request.app.state.api
     await _own(api, fleet, worker_id)
-    depth = api.settings.max_json_depth
-    for row in body.outcomes:
-        for name in ("result", "error"):
-            text = getattr(row, name)
-            try:
-                if text is not None:
-                    parse_json(text, f"run {row.id}'s {name}", depth)
-            except InputError as error:
-                raise HTTPException(422, str(error)) from None
+    outcomes = _outcome_rows(body.outcomes, api.settings.max_json_depth)
     for event in body.events:
         try:
             parse_json(event.data, f"run {event.run_id}'s progress data")
         except InputError as error:
             raise HTTPException(422, str(error)) from None
-    outcomes = [row.model_dump(exclude_none=True) for row in body.outcomes]
     events = [event.model_dump() for event in body.events]
     recorded, breakers = await _write(api, worker_id, outcomes, events)
     return {"recorded": sorted(recorded), "breakers": breakers}
@@ -648,11 +654,12 @@ async def _held(api: Api, worker_id: str, run_id: int, attempt: int) -> Run:
     return run
 
 
-def _claimed(runs: list[Run], format: str) -> JSONAnswer:
-    """A claim's answer, its runs as objects or in rows (``CLAIM_FORMATS``)."""
+def _claimed(runs: list[Run], format: str, written: dict[str, Any]) -> JSONAnswer:
+    """A claim's answer, its runs as objects or in rows (``CLAIM_FORMATS``), and what
+    was written of the outcomes it carried."""
     if format == "rows":
-        return JSONAnswer({"columns": RUN_FIELDS, "rows": [run.row() for run in runs]})
-    return JSONAnswer({"runs": [run.to_json() for run in runs]})
+        return JSONAnswer({"columns": RUN_FIELDS, "rows": [run.row() for run in runs], **written})
+    return JSONAnswer({"runs": [run.to_json() for run in runs], **written})
 
 
 def _foreign_counter(counters: list[Counted], workloops: list[Any], tasks: list[str]) -> str | None:
@@ -708,20 +715,48 @@ async def _maintain(api: Api, workloops: list[Any], tasks: list[str]) -> None:
     await rescue(api.pool, channel, api.app.completed_channel)
 
 
-async def _write(
+def _outcome_rows(rows: list[OutcomeRow], depth: int) -> list[dict[str, Any]]:
+    """Outcome rows as ``complete_runs`` takes them; 422 for a result or error that is
+    not JSON within ``depth``."""
+    for row in rows:
+        for name in ("result", "error"):
+            text = getattr(row, name)
+            try:
+                if text is not None:
+                    parse_json(text, f"run {row.id}'s {name}", depth)
+            except InputError as error:
+                raise HTTPException(422, str(error)) from None
+    return [row.model_dump(exclude_none=True) for row in rows]
+
+
+def _completion(
     api: Api, worker_id: str, outcomes: list[dict[str, Any]], events: list[dict[str, Any]]
-) -> tuple[set[int], list[dict[str, str]]]:
-    """Write outcomes and events with ``complete_runs``, as the worker's own completer
-    would; note in their runs the outcomes that came too late. Return the ids recorded
-    and the breaker changes."""
-    params = {
+) -> dict[str, Any]:
+    """``complete_runs``' parameters."""
+    return {
         "worker_id": worker_id,
         "completed_channel": api.app.completed_channel,
         "channel": api.app.available_channel,
         "outcomes": json.dumps(outcomes),
         "events": json.dumps(events),
     }
-    rows = await api.run(_complete(params))
+
+
+async def _write(
+    api: Api, worker_id: str, outcomes: list[dict[str, Any]], events: list[dict[str, Any]]
+) -> tuple[set[int], list[dict[str, str]]]:
+    """Write outcomes and events with ``complete_runs``, as the worker's own completer
+    would; note in their runs the outcomes that came too late. Return the ids recorded
+    and the breaker changes."""
+    rows = await api.run(_complete(_completion(api, worker_id, outcomes, events)))
+    return await _settled(api, worker_id, outcomes, rows)
+
+
+async def _settled(
+    api: Api, worker_id: str, outcomes: list[dict[str, Any]], rows: list[Any]
+) -> tuple[set[int], list[dict[str, str]]]:
+    """From what ``complete_runs`` returned for ``outcomes``: the ids recorded and the
+    breaker changes; the outcomes that came too late are noted in their runs."""
     recorded = {row[0] for row in rows if row[0] is not None}
     breakers = [
         {"lane": lane, "key": key, "change": change}
@@ -743,18 +778,23 @@ def _find(worker_id: str, token: str) -> Steps[list[Any]]:
     return (yield Statement("find_remote_worker", {"worker_id": worker_id, "token": token}))
 
 
-def _claim(params: dict[str, Any], slots: int, demand: int) -> Steps[tuple[int, list[Run]]]:
-    """Claim up to ``demand`` runs for the workloop's free slots; return how many were
-    free and the runs. In one transaction: the lock serializes the workloop's claims on
-    every API process (lock_workloop.sql), so its slots are never exceeded."""
+def _claim(
+    params: dict[str, Any], slots: int, demand: int, completion: dict[str, Any] | None
+) -> Steps[tuple[int, list[Run], list[Any]]]:
+    """Write the outcomes the claim carries (``completion``: ``complete_runs``'
+    parameters, or None), then claim up to ``demand`` runs for the workloop's free
+    slots; return how many were free, the runs, and what ``complete_runs`` returned. In
+    one transaction: the lock serializes the workloop's claims on every API process
+    (lock_workloop.sql), so its slots are never exceeded."""
+    completed = (yield Statement("complete_runs", completion)) if completion else []
     workloop = {"worker_id": params["worker_id"], "workloop": params["workloop"]}
     yield Statement("lock_workloop", workloop)
     rows = yield Statement("count_held_runs", workloop)
     free = slots - int(rows[0][0])
     if free <= 0:
-        return free, []
+        return free, [], completed
     runs = yield Statement("claim_runs", {**params, "demand": min(demand, free)}, run_row)
-    return free, [run for run in runs if run.state is RunState.RUNNING]
+    return free, [run for run in runs if run.state is RunState.RUNNING], completed
 
 
 def _renewed(params: dict[str, Any]) -> Steps[list[int]]:

@@ -78,6 +78,21 @@ class Completer(Service):
 
         The run's progress events reported before go first, in the same statement.
         """
+        self.hold(outcome, written)
+        if outcome.lane == "fast_lane":
+            events = self.events.pop(outcome.run_id, [])
+            write = self.write([outcome], events)
+            task = asyncio.create_task(write, name="tidegate.complete-fast")
+            self.urgent.add(task)
+            task.add_done_callback(self.urgent.discard)
+        else:
+            self.give([outcome])
+
+    def hold(self, outcome: Outcome, written: Callable[[bool], None]) -> None:
+        """Count ``outcome`` as not written yet, and call ``written(recorded)`` once it
+        is: ``add``'s first half, for an outcome a workloop's claim carries (the
+        shutdown waits for it as for any other), which ``settle`` ends, or ``give``
+        hands to this completer should the claim fail."""
         self.pending[outcome.run_id] = written
         self.settled.clear()
         dropped = self.dropped.pop(outcome.run_id, 0)
@@ -89,15 +104,11 @@ class Completer(Service):
                 outcome.attempt,
                 dropped,
             )
-        if outcome.lane == "fast_lane":
-            events = self.events.pop(outcome.run_id, [])
-            write = self.write([outcome], events)
-            task = asyncio.create_task(write, name="tidegate.complete-fast")
-            self.urgent.add(task)
-            task.add_done_callback(self.urgent.discard)
-        else:
-            self.queue.append(outcome)
-            self.ready.set()
+
+    def give(self, batch: Sequence[Outcome]) -> None:
+        """Write outcomes held (``hold``) in the next batch."""
+        self.queue.extend(batch)
+        self.ready.set()
 
     def report(self, run: Run, data: str) -> None:
         """Write a progress event of ``run`` soon (``Run.progress``; any thread).
@@ -167,9 +178,8 @@ class Completer(Service):
         leased until its lease lapses, and the rescuer runs it again. Events refused are
         dropped, logged at ERROR.
         """
-        recorded: set[int] = set()
         try:
-            recorded = await self._write(batch, events)
+            rows = await self._write(batch, events)
         except LINK_ERRORS as error:
             if len(batch) > 1 or (batch and events):
                 if events:
@@ -192,10 +202,24 @@ class Completer(Service):
                 batch[0].state,
                 describe(error),
             )
-        else:
-            late = [outcome for outcome in batch if outcome.run_id not in recorded]
-            if late:
-                await self._note_late(late)
+            self._done(batch, set())
+            return
+        await self.settle(batch, rows)
+
+    async def settle(self, batch: Sequence[Outcome], rows: Rows) -> None:
+        """End a batch written (``complete_runs`` returned ``rows``: the ids recorded, then
+        breaker changes): log the breakers that changed and the outcomes that came too
+        late (noted in their runs), and call their callbacks."""
+        for _, lane, key, change in rows:
+            if change is not None:
+                _log_breaker(lane, key, change)
+        recorded = {row[0] for row in rows if row[0] is not None}
+        late = [outcome for outcome in batch if outcome.run_id not in recorded]
+        if late:
+            await self._note_late(late)
+        self._done(batch, recorded)
+
+    def _done(self, batch: Sequence[Outcome], recorded: set[int]) -> None:
         for outcome in batch:
             written = self.pending.pop(outcome.run_id, None)
             if written is not None:
@@ -221,8 +245,8 @@ class Completer(Service):
         except LINK_ERRORS as error:  # only a note: the log line above stands
             log.warning("could not note late outcomes in their runs: %s", describe(error))
 
-    async def _write(self, batch: Sequence[Outcome], events: Sequence[dict[str, Any]]) -> set[int]:
-        """Write a batch; return the ids of the runs whose outcomes were recorded."""
+    async def _write(self, batch: Sequence[Outcome], events: Sequence[dict[str, Any]]) -> Rows:
+        """Write a batch; return what ``complete_runs`` returned."""
         params = {
             **self.params,
             "outcomes": json.dumps([o.as_row() for o in batch]),
@@ -242,10 +266,7 @@ class Completer(Service):
                 )
                 await asyncio.sleep(delay)
                 continue
-            for _, lane, key, change in rows:
-                if change is not None:
-                    _log_breaker(lane, key, change)
-            return {row[0] for row in rows if row[0] is not None}
+            return rows
 
     async def drain(self, timeout: float) -> None:
         """Wait until every outcome added has been written, at most ``timeout`` seconds

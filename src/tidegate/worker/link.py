@@ -43,6 +43,8 @@ class DatabaseLink:
     """A worker on PostgreSQL: its own pool, the statements run there."""
 
     remote = False
+    carries_outcomes = False
+    """Whether a claim may carry the outcomes of its workloop's runs (``RemoteLink``)."""
 
     def __init__(self, app: Tidegate, size: int) -> None:
         self.app = app
@@ -108,6 +110,11 @@ class RemoteLink:
         """``rows`` once the API says at registration that it answers claims so
         (api/workers.py ``CLAIM_FORMATS``); an API of before did not, and refuses the
         field."""
+        self.carries_outcomes = False
+        """Whether a claim may carry the outcomes of its workloop's runs, writing them
+        before it counts the free slots (one call a cycle instead of two): once the API
+        says so at registration (``claim_outcomes``); an API of before refuses the
+        field."""
 
     async def open(self, worker: Worker) -> None:
         """Register; the API names the worker, and says how often it must beat."""
@@ -121,32 +128,42 @@ class RemoteLink:
         self.path = f"/workers/{registered['worker_id']}"
         if "rows" in registered.get("claim_formats", ()):
             self.claim_format = "rows"
+        self.carries_outcomes = registered.get("claim_outcomes") is True
         worker.heartbeat.interval = min(
             worker.heartbeat.interval, float(registered["heartbeat_seconds"])
         )
 
     async def claim(self, params: dict[str, Any]) -> list[Run]:
         """A long poll: answered once runs are claimed, or empty after ``poll_seconds``."""
-        body = {
+        runs, _ = await self.claim_carrying(params, [])
+        return runs
+
+    async def claim_carrying(
+        self, params: dict[str, Any], outcomes: list[dict[str, Any]]
+    ) -> tuple[list[Run], Rows]:
+        """``claim``, carrying ``outcomes`` (``complete_runs``' rows, only where
+        ``carries_outcomes``): the runs, and the rows ``complete`` returns."""
+        body: dict[str, Any] = {
             "workloop": params["workloop"],
             "demand": params["demand"],
             "wait_seconds": self.poll_seconds,
         }
+        if outcomes:
+            body["outcomes"] = outcomes
         if self.claim_format == "rows":
             body["format"] = "rows"
-            answer = await self._call("POST", f"{self.path}/claim", body)
-            columns = answer["columns"]
-            return [Run.from_row(columns, row) for row in answer["rows"]]
         answer = await self._call("POST", f"{self.path}/claim", body)
-        return [Run.from_json(run) for run in answer["runs"]]
+        if self.claim_format == "rows":
+            columns = answer["columns"]
+            runs = [Run.from_row(columns, row) for row in answer["rows"]]
+        else:
+            runs = [Run.from_json(run) for run in answer["runs"]]
+        return runs, _completed(answer) if outcomes else []
 
     async def complete(self, params: dict[str, Any]) -> Rows:
         """The rows ``complete_runs`` returns: recorded ids, then breaker changes."""
         body = {"outcomes": json.loads(params["outcomes"]), "events": json.loads(params["events"])}
-        answer = await self._call("POST", f"{self.path}/complete", body)
-        rows: Rows = [(run_id, None, None, None) for run_id in answer["recorded"]]
-        rows += [(None, b["lane"], b["key"], b["change"]) for b in answer["breakers"]]
-        return rows
+        return _completed(await self._call("POST", f"{self.path}/complete", body))
 
     async def note_late(self, params: dict[str, Any]) -> None:
         """Nothing to do: the API notes late outcomes in their runs as it refuses them."""
@@ -189,3 +206,10 @@ class RemoteLink:
                 transient=status in PASSING_STATUSES,
             )
         return response.json() if response.content else None
+
+
+def _completed(answer: dict[str, Any]) -> Rows:
+    """An answer's ``recorded`` and ``breakers`` as the rows ``complete_runs`` returns."""
+    rows: Rows = [(run_id, None, None, None) for run_id in answer["recorded"]]
+    rows += [(None, b["lane"], b["key"], b["change"]) for b in answer["breakers"]]
+    return rows

@@ -30,6 +30,7 @@ import functools
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tidegate.lanes import WILDCARD, WorkloopSpec, chain_admits, share_demands
@@ -37,7 +38,7 @@ from tidegate.runs import Run, RunState, _progress
 from tidegate.tracing import span
 from tidegate.worker.counters import outcome_label
 from tidegate.worker.execute import ExcInfo, Outcome, execute
-from tidegate.worker.link import DatabaseLink
+from tidegate.worker.link import DatabaseLink, RemoteLink
 from tidegate.worker.maintenance import log_parked
 from tidegate.worker.services import LINK_ERRORS, Service, describe, passing, retry_delay
 
@@ -84,6 +85,11 @@ class Workloop(Service):
         self.unwritten = 0
         """Outcomes of this workloop's runs that wait to be written (their leases are
         renewed meanwhile)."""
+        self.carried: list[Outcome] = []
+        """Outcomes the next claim carries, where the link's claims do (a remote
+        worker's): written in the claim's call, their slots claimed in it at once."""
+        self.claiming = False
+        """Whether a claim is in flight."""
         self.backlog = True
         """Whether the last claim was full, so runs may be waiting for a free slot."""
         self.last_claim_seconds = 0.0
@@ -122,10 +128,11 @@ class Workloop(Service):
 
         A remote worker's slot frees once its outcome is written, and it claims no run
         ahead: the API gives a workloop no more runs than its slots, counting each run
-        held until its outcome is in (docs/workers.md)."""
+        held until its outcome is in (docs/workers.md). An outcome the next claim
+        carries frees its slot for that claim: the API writes it before it counts."""
         slots = self.spec.slots
         if self.worker.link.remote:
-            return slots - self.unwritten - len(self.running)
+            return slots - (self.unwritten - len(self.carried)) - len(self.running)
         room = slots + self.pace.ahead(self.overdue())
         held = len(self.running) + len(self.waiting)
         return min(room, room + slots - self.unwritten) - held
@@ -177,6 +184,14 @@ class Workloop(Service):
         return self.places.get(run.lane, len(self.places)), run.rank, run.id
 
     async def run(self) -> None:
+        try:
+            await self.claim_and_launch()
+        finally:
+            if self.carried:  # the claim they waited for will not come
+                self.worker.completer.give(self.carried)
+                self.carried = []
+
+    async def claim_and_launch(self) -> None:
         worker = self.worker
         failures = 0
         long_polled = False
@@ -271,8 +286,23 @@ class Workloop(Service):
             params["others_demand"] = sum(
                 d for d, s in zip(demands, shares, strict=True) if s.lane == WILDCARD
             )
+        link = self.worker.link
         with span("claim", chain=">".join(self.spec.chain), demand=demand) as claiming:
-            claimed = await self.worker.link.claim(params)
+            if not isinstance(link, RemoteLink) or not link.carries_outcomes:
+                claimed = await link.claim(params)
+            else:
+                carried, self.carried = self.carried, []
+                self.claiming = True
+                try:
+                    rows = [outcome.as_row() for outcome in carried]
+                    claimed, written = await link.claim_carrying(params, rows)
+                except BaseException:
+                    self.worker.completer.give(carried)  # the completer writes them
+                    raise
+                finally:
+                    self.claiming = False
+                if carried:
+                    await self.worker.completer.settle(carried, written)
             claiming.note(runs=len(claimed))
         self.last_claim_seconds = time.monotonic() - started
         self.pace.claimed(self.last_claim_seconds)
@@ -372,8 +402,27 @@ class Workloop(Service):
             worker.completer.add(outcome, lambda recorded: _resolve(stored, recorded))
             counted(await stored)
         else:
-            worker.completer.add(outcome, counted)
+            self.complete(outcome, counted)
         self.free_slot(run)
+
+    def complete(self, outcome: Outcome, written: Callable[[bool], None]) -> None:
+        """Have ``outcome`` written, then ``written(recorded)`` called: by the next claim,
+        where claims carry outcomes and none is in flight (the claim goes at once), else
+        by the completer: an outcome that would wait for a long poll's answer, one at
+        shutdown, or one whose run's progress events wait (they are written first)."""
+        worker = self.worker
+        completer = worker.completer
+        if (
+            worker.link.carries_outcomes
+            and not self.claiming
+            and not worker.stopping.is_set()
+            and outcome.run_id not in completer.events
+        ):
+            completer.hold(outcome, written)
+            self.carried.append(outcome)
+            self.wake.set()
+        else:
+            completer.add(outcome, written)
 
     def free_slot(self, run: Run) -> None:
         if self.running.get(run.id) is asyncio.current_task():  # not a later claim's
