@@ -784,11 +784,11 @@ def _claim(
     """Write the outcomes the claim carries (``completion``: ``complete_runs``'
     parameters, or None), then claim up to ``demand`` runs for the workloop's free
     slots; return how many were free, the runs, and what ``complete_runs`` returned. In
-    one transaction: the lock serializes the workloop's claims on every API process
-    (lock_workloop.sql), so its slots are never exceeded."""
+    one transaction: the workloop's lock, taken as its runs are counted, serializes its
+    claims on every API process (functions/held_runs.sql), so its slots are never
+    exceeded."""
     completed = (yield Statement("complete_runs", completion)) if completion else []
     workloop = {"worker_id": params["worker_id"], "workloop": params["workloop"]}
-    yield Statement("lock_workloop", workloop)
     rows = yield Statement("count_held_runs", workloop)
     free = slots - int(rows[0][0])
     if free <= 0:

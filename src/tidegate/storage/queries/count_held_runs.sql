@@ -1,5 +1,3 @@
--- The runs a workloop of a worker holds now (runs_running holds every running run, and
--- there are never more than the cluster's slots of them). A claim counts them under the
--- workloop's lock (lock_workloop.sql), in the transaction that claims the rest.
-SELECT count(*) FROM runs
-WHERE state = 'running' AND worker_id = %(worker_id)s AND workloop = %(workloop)s
+-- The runs a workloop of a remote worker holds now, under the workloop's lock held to
+-- the claim's commit (functions/held_runs.sql), in the transaction that claims the rest.
+SELECT held_runs(%(worker_id)s, %(workloop)s)
