@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from tidegate.projects import hash_token, new_token
 from tidegate.storage.sql import Statement, Steps
@@ -43,10 +44,14 @@ class Caller:
 
 @dataclass(frozen=True)
 class WorkerCaller:
-    """A remote worker's fleet: the name of its worker token, and the lanes it allows."""
+    """A remote worker's fleet: the name of its worker token, and the lanes it allows;
+    for a call of one worker's own (``/workers/{id}/...``), that worker's id and, if it
+    registered with this token, its workloops and tasks, read with the token."""
 
     token: str
     lanes: tuple[str, ...]
+    worker_id: str | None = None
+    worker: tuple[list[Any], list[str]] | None = None
 
 
 @dataclass(frozen=True)
@@ -64,13 +69,16 @@ def find_caller(token: str) -> Steps[Caller | None]:
     return Caller(project=rows[0][0]) if rows else None
 
 
-def find_worker_token(token: str) -> Steps[WorkerCaller | None]:
-    """The worker token ``token`` is, with its lanes; ``None`` if it is none."""
-    rows = yield Statement("find_worker_token", {"token_hash": hash_token(token)})
+def find_worker_token(token: str, worker_id: str | None) -> Steps[WorkerCaller | None]:
+    """The worker token ``token`` is, with its lanes, and the worker ``worker_id`` of
+    it (when named), in one statement; ``None`` if the token is none."""
+    params = {"token_hash": hash_token(token), "worker_id": worker_id}
+    rows = yield Statement("find_worker_token", params)
     if not rows:
         return None
-    name, lanes = rows[0]
-    return WorkerCaller(token=name, lanes=tuple(lanes))
+    name, lanes, workloops, tasks = rows[0]
+    worker = (workloops, tasks) if workloops is not None else None
+    return WorkerCaller(name, tuple(lanes), worker_id, worker)
 
 
 def set_admin_token(token: str) -> Steps[None]:

@@ -55,9 +55,12 @@ async def authenticate(api: Api, authorization: str | None, *, admin: bool) -> C
     return caller
 
 
-async def authenticate_worker(api: Api, authorization: str | None) -> WorkerCaller:
-    """Return the worker token of ``authorization``, or raise ``Refused``."""
-    fleet = await api.run(find_worker_token(_bearer(authorization)))
+async def authenticate_worker(
+    api: Api, authorization: str | None, worker_id: str | None
+) -> WorkerCaller:
+    """Return the worker token of ``authorization``, with the worker ``worker_id`` of it
+    when the call names one, or raise ``Refused``."""
+    fleet = await api.run(find_worker_token(_bearer(authorization), worker_id))
     if fleet is None:
         raise Refused(403, "unknown worker token")
     return fleet

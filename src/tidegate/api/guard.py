@@ -47,6 +47,14 @@ from tidegate.limits import whole_number
 AUTHENTICATED = ("/admin", "/runs", "/metrics")
 WORKERS = "/workers"
 """The remote workers' protocol: a worker token, not an admin's or a project's."""
+
+
+def worker_named(path: str) -> str | None:
+    """The worker a call of the protocol is about (``/workers/{id}/...``), or None."""
+    parts = path.split("/", 3)
+    return parts[2] if len(parts) == 4 and parts[1] == WORKERS[1:] else None
+
+
 ADMIN_ONLY = ("/admin", "/metrics")
 CLOSE = {"Connection": "close"}
 DASHBOARD = "/ui"
@@ -112,7 +120,9 @@ class Guard:
             authorization = headers.get("authorization", b"").decode("latin-1")
             try:
                 if path.startswith(WORKERS):
-                    caller: object = await authenticate_worker(self.api, authorization)
+                    caller: object = await authenticate_worker(
+                        self.api, authorization, worker_named(path)
+                    )
                 else:
                     caller = await authenticate(
                         self.api, authorization, admin=path.startswith(ADMIN_ONLY)

@@ -398,7 +398,7 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     goes (``max_json_depth`` up to 512: a 500 before), and it is cheaper (the API's CPU
     per run of a remote drain: 90-102 -> 84-94 µs in ``bench.remote``)."""
     api: Api = request.app.state.api
-    workloops, tasks = await _own(api, fleet, worker_id)
+    workloops, tasks = _own(fleet, worker_id)
     if body.workloop >= len(workloops):
         raise HTTPException(422, f"the worker has {len(workloops)} workloop(s)")
     loop = workloops[body.workloop]
@@ -454,7 +454,7 @@ async def heartbeat(
     """Say the worker is alive and renew the leases of the runs it names; ``lost`` are
     those it no longer holds (cancelled meanwhile, or rescued after a lapse)."""
     api: Api = request.app.state.api
-    workloops, tasks = await _own(api, fleet, worker_id)
+    workloops, tasks = _own(fleet, worker_id)
     refusal = _foreign_counter(body.counters, workloops, tasks)
     if refusal is not None:
         raise HTTPException(422, refusal)
@@ -477,7 +477,7 @@ async def outcome(
     retried with backoff, or discarded after the last attempt), ``retry``
     (``delay_seconds``, the attempt given back), ``cancelled`` or ``discarded``."""
     api: Api = request.app.state.api
-    await _own(api, fleet, worker_id)
+    _own(fleet, worker_id)
     run = await _held(api, worker_id, run_id, body.attempt)
     report = body.model_dump()
     for name in ("result", "details"):
@@ -501,7 +501,7 @@ async def complete(
     the others came after their runs had left the worker, and are noted in their runs'
     errors. ``breakers``: circuit breakers the outcomes opened or closed."""
     api: Api = request.app.state.api
-    await _own(api, fleet, worker_id)
+    _own(fleet, worker_id)
     outcomes = _outcome_rows(body.outcomes, api.settings.max_json_depth)
     for event in body.events:
         try:
@@ -524,7 +524,7 @@ async def progress(
 ) -> Response:
     """Report a progress event of the attempt (as ``run.progress`` does in Python)."""
     api: Api = request.app.state.api
-    await _own(api, fleet, worker_id)
+    _own(fleet, worker_id)
     await _held(api, worker_id, run_id, body.attempt)
     try:
         check_json(body.data, "the progress data")
@@ -556,7 +556,7 @@ async def delivery(
     when the run has no request or its trigger no longer forwards: the run is then
     discarded."""
     api: Api = request.app.state.api
-    await _own(api, fleet, worker_id)
+    _own(fleet, worker_id)
     await _held(api, worker_id, run_id, attempt)
     found = await api.run(find_delivery(run_id))
     return {"delivery": found.as_json() if found else None}
@@ -568,7 +568,7 @@ async def stop(worker_id: WorkerId, body: Stop, request: Request, fleet: Fleet) 
     counting at once). Runs it holds and does not name are rescued when their leases
     lapse."""
     api: Api = request.app.state.api
-    await _own(api, fleet, worker_id)
+    _own(fleet, worker_id)
     released = await api.run(_stop(api, worker_id, body.hand_back))
     return {"handed_back": released}
 
@@ -633,13 +633,12 @@ async def _admin(call: Awaitable[Any]) -> Any:
 # -- steps ------------------------------------------------------------------------------
 
 
-async def _own(api: Api, fleet: WorkerCaller, worker_id: str) -> tuple[list[Any], list[str]]:
-    """The worker's workloops and tasks; 404 unless it registered with this token."""
-    rows = await api.run(_find(worker_id, fleet.token))
-    if not rows:
+def _own(fleet: WorkerCaller, worker_id: str) -> tuple[list[Any], list[str]]:
+    """The worker's workloops and tasks, read with its token (api/guard.py); 404 unless
+    it registered with this token."""
+    if fleet.worker is None or fleet.worker_id != worker_id:
         raise HTTPException(404, f"no worker {worker_id!r} of this token (register again)")
-    workloops, tasks = rows[0]
-    return workloops, tasks
+    return fleet.worker
 
 
 async def _held(api: Api, worker_id: str, run_id: int, attempt: int) -> Run:
@@ -772,10 +771,6 @@ async def _settled(
         params = {"worker_id": worker_id, "outcomes": json.dumps(late)}
         await api.run(_statement("note_late_outcomes", params))
     return recorded, breakers
-
-
-def _find(worker_id: str, token: str) -> Steps[list[Any]]:
-    return (yield Statement("find_remote_worker", {"worker_id": worker_id, "token": token}))
 
 
 def _claim(
