@@ -140,7 +140,7 @@ async def test_a_claim_carrying_outcomes_writes_them_and_takes_the_slots_they_fr
     )
     assert registered.json()["claim_outcomes"] is True
     worker = RemoteWorker(client, token, registered.json()["worker_id"])
-    for n in range(5):
+    for n in range(4):
         await app.aenqueue("echo", {"n": n})
     held = await worker.claim(2)
 
@@ -180,6 +180,16 @@ async def test_a_claim_carrying_outcomes_writes_them_and_takes_the_slots_they_fr
     assert sql.execute(
         "SELECT count(*) FROM runs WHERE state = 'running' AND worker_id = %s", [worker.id]
     ).fetchone() == (2,)
+    # With no run left, a claim that carries outcomes is still answered at once, not at
+    # the end of its long poll: its worker learns what was written.
+    last = [dict(zip(answer.json()["columns"], r, strict=True)) for r in answer.json()["rows"]]
+    started = time.monotonic()
+    done = await worker.post(
+        "/claim",
+        {"workloop": 0, "demand": 2, "wait_seconds": 60, "outcomes": [row(r) for r in last]},
+    )
+    assert done.json() == {"runs": [], "recorded": sorted(r["id"] for r in last), "breakers": []}
+    assert time.monotonic() - started < 30
 
 
 async def test_a_claim_in_rows_carries_the_runs_an_old_claim_gets_as_objects(

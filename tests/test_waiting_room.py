@@ -4,11 +4,12 @@ the order they were given, whichever API process each caller reaches."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -32,18 +33,27 @@ def place_of(response: httpx.Response) -> dict[str, str]:
     return {PLACE_FIELD: response.headers[PLACE_FIELD]}
 
 
-async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
-    start_api: Callable[..., ApiServer], sql: psycopg.Connection
-) -> None:
+@contextlib.asynccontextmanager
+async def rate_on_two_processes(
+    start_api: Callable[..., ApiServer], rate: float
+) -> AsyncIterator[tuple[httpx.AsyncClient, httpx.AsyncClient, str]]:
+    """A client of each of two API processes, and the URL of a trigger of a project with
+    an ingest rate of ``rate`` and a burst of one, spent by a first webhook."""
     one, two = start_api(), start_api()
     async with (
         httpx.AsyncClient(base_url=one.url, timeout=20) as first,
         httpx.AsyncClient(base_url=two.url, timeout=20) as second,
     ):
-        await create_project(first, "acme", ingest_rate=0.5, ingest_burst=1)
+        await create_project(first, "acme", ingest_rate=rate, ingest_burst=1)
         url = (await create_trigger(first, "acme", "orders", mode="async", task="echo"))["url"]
         assert (await first.post(url, json={})).status_code == 202
+        yield first, second, url
 
+
+async def test_places_are_served_in_order_and_lapse_across_two_api_processes(
+    start_api: Callable[..., ApiServer], sql: psycopg.Connection
+) -> None:
+    async with rate_on_two_processes(start_api, 0.5) as (first, second, url):
         a = await first.post(url, json={"caller": "a"})
         b = await second.post(url, json={"caller": "b"})
         assert ";ahead=0;" in a.headers[PLACE_FIELD]
@@ -166,14 +176,7 @@ async def test_a_reservation_admits_one_webhook_however_many_bring_its_ticket_at
     """A ticket copied to many webhooks, sent at once through two API processes when its
     instant comes: one is admitted on the reservation; every other is a newcomer, and
     the rate has no room for them."""
-    one, two = start_api(), start_api()
-    async with (
-        httpx.AsyncClient(base_url=one.url, timeout=20) as first,
-        httpx.AsyncClient(base_url=two.url, timeout=20) as second,
-    ):
-        await create_project(first, "acme", ingest_rate=0.2, ingest_burst=1)
-        url = (await create_trigger(first, "acme", "orders", mode="async", task="echo"))["url"]
-        assert (await first.post(url, json={})).status_code == 202
+    async with rate_on_two_processes(start_api, 0.2) as (first, second, url):
         refused = await first.post(url, json={"caller": "a"})
         ticket = place_of(refused)
         await asyncio.sleep(int(refused.headers["retry-after"]))

@@ -193,7 +193,7 @@ class Claim(BaseModel):
     """Outcomes of the workloop's runs, written (as ``complete`` writes them) before its
     free slots are counted, in the claim's transaction: the slots they free are claimed
     at once, in one call instead of two. The answer's ``recorded`` and ``breakers`` say
-    what was written."""
+    what was written; it comes at once, runs or not (no long poll)."""
 
 
 class Counted(BaseModel):
@@ -434,9 +434,10 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
                 if completion is not None:  # written with the first look only
                     recorded, breakers = await _settled(api, worker_id, outcomes, completed)
                     written = {"recorded": sorted(recorded), "breakers": breakers}
-                    completion = None
                 turn.looked(asked=min(body.demand, free), got=len(claimed))
-                if free <= 0 or claimed or clock() >= deadline:
+                # A claim that carried outcomes is answered at once, runs or not: its
+                # worker learns what was written now, not at the end of a long poll.
+                if free <= 0 or claimed or written or clock() >= deadline:
                     return _claimed(claimed, body.format, written)
                 await turn.sleep(deadline - clock(), gone)
                 if gone.done() or clock() >= deadline:

@@ -90,6 +90,8 @@ class Workloop(Service):
         worker's): written in the claim's call, their slots claimed in it at once."""
         self.claiming = False
         """Whether a claim is in flight."""
+        self.carried_last = False
+        """Whether the last claim carried outcomes."""
         self.backlog = True
         """Whether the last claim was full, so runs may be waiting for a free slot."""
         self.last_claim_seconds = 0.0
@@ -237,9 +239,12 @@ class Workloop(Service):
                 # API (a long poll): after one that took runs, or waited its whole poll,
                 # the next goes at once, so that while a slot is free a claim always
                 # waits there. One answered empty at once (the API counts the workloop
-                # full) waits as a local loop does, whose worker's LISTEN wakes it.
+                # full) waits as a local loop does, whose worker's LISTEN wakes it,
+                # unless it carried outcomes (the API answers such a claim at once).
                 long_polled = worker.link.remote and (
-                    bool(runs) or self.last_claim_seconds >= 0.9 * worker.settings.poll_seconds
+                    bool(runs)
+                    or self.carried_last
+                    or self.last_claim_seconds >= 0.9 * worker.settings.poll_seconds
                 )
                 # Launched in the claim's order (a run claimed ahead waits for a slot in
                 # it): the chain's named lanes first, each by rank, then the rest by rank.
@@ -292,6 +297,7 @@ class Workloop(Service):
                 claimed = await link.claim(params)
             else:
                 carried, self.carried = self.carried, []
+                self.carried_last = bool(carried)
                 self.claiming = True
                 try:
                     rows = [outcome.as_row() for outcome in carried]
