@@ -20,13 +20,8 @@ T = TypeVar("T")
 
 @cache
 def query(name: str) -> str:
-    """Return the text of ``queries/<name>.sql``, without its lines of comment: psycopg
-    keeps the conversion of a query's ``%(name)s`` placeholders only for texts up to
-    4,096 characters, and splits a longer one again at every execution (the claim's,
-    the batch enqueue's and the outcomes' statements, 5,700-6,200 characters with their
-    comments, 3,300-3,600 without)."""
-    text = resources.files("tidegate.storage").joinpath("queries", f"{name}.sql").read_text()
-    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+    """Return the text of ``queries/<name>.sql``."""
+    return resources.files("tidegate.storage").joinpath("queries", f"{name}.sql").read_text()
 
 
 @dataclass(frozen=True)
