@@ -224,6 +224,38 @@ async def test_a_reservation_that_came_due_is_kept_while_a_cap_holds_its_caller(
     ).fetchone() == (0,)
 
 
+async def test_a_ticket_brought_to_another_keys_full_backlog_gets_a_503_not_an_error(
+    api: ApiServer,
+) -> None:
+    """A caller whose reservation came due holds a place in key a's backlog line; the same
+    ticket on a webhook of key b, whose backlog is full too, gets a place there as well."""
+    async with httpx.AsyncClient(base_url=api.url, timeout=20) as client:
+        await create_project(client, "acme", ingest_rate=0.5, ingest_burst=1, backlog_cap=1)
+        url = (
+            await create_trigger(client, "acme", "orders", mode="async", task="echo", key_from="/k")
+        )["url"]
+        assert (await client.post(url, json={"k": "a"})).status_code == 202
+        refused = await client.post(url, json={"k": "a", "n": 1})
+        await asyncio.sleep(int(refused.headers["retry-after"]))
+        full_a = await client.post(url, json={"k": "a", "n": 1}, headers=place_of(refused))
+        assert_problem(full_a, 503)
+        ticket = {PLACE_FIELD: full_a.headers[PLACE_FIELD]}
+
+        place_b: dict[str, str] = {}
+
+        async def b_admitted() -> bool:
+            answer = await client.post(url, json={"k": "b"}, headers=place_b)
+            if answer.status_code == 202:
+                return True
+            place_b.update(place_of(answer))
+            return False
+
+        await wait_until_async(b_admitted, timeout=20)  # once the rate has room: b is full
+        full_b = await client.post(url, json={"k": "b", "n": 2}, headers=ticket)
+        assert_problem(full_b, 503)
+        assert full_b.headers[PLACE_FIELD].split(";")[0] == ticket[PLACE_FIELD].split(";")[0]
+
+
 def example_client() -> Callable[..., httpx.Response]:
     """The ``deliver`` of docs/waiting-room.md, from its Python block as it is."""
     text = (Path(__file__).parent.parent / "docs" / "waiting-room.md").read_text()

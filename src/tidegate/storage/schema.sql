@@ -466,9 +466,10 @@ CREATE TABLE waiting_places (
 CREATE INDEX waiting_places_line ON waiting_places (project, waits_for, key, id);
 
 -- A caller's place, by the ticket it brings back. One ticket names at most one place a
--- line: a place of the ingest rate's line that came due is kept beside the place a cap's
--- line then gives its caller, under the same ticket (admit_webhook).
-CREATE UNIQUE INDEX waiting_places_ticket ON waiting_places (ticket, waits_for);
+-- line: a place of the ingest rate's line that came due is kept beside the places caps'
+-- lines then give its caller (a backlog's line is per key), under the same ticket
+-- (admit_webhook).
+CREATE UNIQUE INDEX waiting_places_ticket ON waiting_places (ticket, waits_for, key);
 
 -- The super admin's token (its sha256): configured (TIDEGATE_ADMIN_TOKEN) or generated.
 CREATE TABLE admin_tokens (

@@ -18,7 +18,7 @@
 -- scheduled from that promise (due_at holds it). Scheduled from the due times instead,
 -- the line ran ahead of the cap by up to a second per place, and 42-49% of the callers
 -- that came back at their time were refused again; scheduled from the promise of the
--- place a cap ahead (a cap's worth of callers sharing a second), 32-48%: a caller
+-- place a cap ahead (a cap's worth of callers sharing a second), 32-52%: a caller
 -- refused again keeps its place ahead of those behind it, who then need its room too.
 -- Room freed before a caller comes back waits for it (places_ahead).
 -- A new place gets p_ticket where the caller holds one already (a place of the rate's
@@ -73,10 +73,10 @@ BEGIN
                 promise + make_interval(secs => p_grace))
         RETURNING waiting_places.ticket INTO ticket;
     END IF;
-    IF p_ticket IS NOT NULL THEN  -- the caller's other place lives as long as this one
+    IF p_ticket IS NOT NULL THEN  -- its reservation lives as long as this place
         UPDATE waiting_places w
         SET lapses_at = greatest(w.lapses_at, promise + make_interval(secs => p_grace))
-        WHERE w.ticket = p_ticket AND w.waits_for <> p_waits_for;
+        WHERE w.ticket = p_ticket AND w.waits_for = 'ingest';
     END IF;
 END
 $$;
