@@ -210,6 +210,7 @@ async def test_a_claim_in_rows_carries_the_runs_an_old_claim_gets_as_objects(
     body = {"workloop": 0, "demand": 2, "wait_seconds": 0, "format": "rows"}
     answer = (await worker.post("/claim", body)).json()
     assert "runs" not in answer and len(answer["rows"]) == 2
+    assert answer["columns"] == list(RUN_FIELDS)  # read at once, not by name
     in_rows = [Run.from_row(answer["columns"], row) for row in answer["rows"]]
     as_objects = [Run.from_json(run) for run in await old.claim(2)]
     assert {run.id for run in in_rows + as_objects} == {run.id for run in enqueued}

@@ -31,11 +31,13 @@ import asyncio
 import json
 import secrets
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
+from psycopg.rows import class_row
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidegate.access import WorkerCaller
@@ -48,7 +50,6 @@ from tidegate.api.kernel import (
     PAGED,
     Api,
     Cursor,
-    JSONAnswer,
     PageSize,
     log,
     page,
@@ -75,7 +76,7 @@ from tidegate.remote import (
     delete_worker_token,
     list_worker_tokens,
 )
-from tidegate.runs import MAX_PROGRESS_BYTES, RUN_FIELDS, Run, RunState, get_run, run_row
+from tidegate.runs import MAX_PROGRESS_BYTES, RUN_FIELDS, Run, RunState, get_run
 from tidegate.storage.sql import Statement, Steps
 from tidegate.tasks import TaskSettings, declare_tasks
 from tidegate.worker.counters import DURATION_BUCKETS, MAX_BEAT_ATTEMPTS
@@ -387,16 +388,18 @@ async def register(body: Registration, request: Request, fleet: Fleet) -> dict[s
 
 
 @router.post("/{worker_id}/claim", responses={**NOT_YOURS, **BUSY}, operation_id="claimRuns")
-async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet) -> JSONAnswer:
+async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet) -> Response:
     """Claim runs for one workloop along its chain: answered as soon as any are claimed,
     or with none after ``wait_seconds`` (a long poll). ``runs``: each as ``GET
     /runs/{id}`` shows it. One claim at a time per workloop, and
     ``max_claims_per_token`` per worker token, on each API process (429 past them;
     api/claims.py says how a waiting claim is woken).
 
-    A ``JSONAnswer``, as the runs API's: a run may nest deeper than FastAPI's serializer
-    goes (``max_json_depth`` up to 512: a 500 before), and it is cheaper (the API's CPU
-    per run of a remote drain: 90-102 -> 84-94 µs in ``bench.remote``)."""
+    One statement does it all (functions/claim_workloop.sql): the outcomes carried, the
+    workloop's count under its lock, the claim; its runs come as the JSON the database
+    wrote, into the answer unread (in rows; objects are made from them). FastAPI's
+    serializer is not used: a run may nest deeper than it goes (``max_json_depth`` up to
+    512)."""
     api: Api = request.app.state.api
     workloops, tasks = _own(fleet, worker_id)
     if body.workloop >= len(workloops):
@@ -404,21 +407,25 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     loop = workloops[body.workloop]
     chain = tuple(loop["chain"])
     settings = api.settings
+    outcomes = _outcome_rows(body.outcomes, settings.max_json_depth)
     params = {
+        "worker_id": worker_id,
+        "workloop": body.workloop,
+        "slots": loop["slots"],
+        "demand": body.demand,
         "lanes": [lane for lane in chain if lane != "*"],
         "wildcard": "*" in chain,
         "demands": None,
         "others_demand": None,
-        "worker_id": worker_id,
-        "workloop": body.workloop,
         "lease_seconds": settings.lease_seconds,
         "scan_limit": CLAIM_SCAN_LIMIT,
         "head_scan": CLAIM_HEAD_SCAN,
         "tasks": tasks,
         "live_seconds": 3 * settings.heartbeat_seconds,
+        "outcomes": json.dumps(outcomes) if outcomes else None,
+        "completed_channel": api.app.completed_channel,
+        "channel": api.app.available_channel,
     }
-    outcomes = _outcome_rows(body.outcomes, settings.max_json_depth)
-    completion = _completion(api, worker_id, outcomes, []) if outcomes else None
     written: dict[str, Any] = {}
     clock = asyncio.get_running_loop().time
     deadline = clock() + body.wait_seconds
@@ -428,20 +435,18 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
         async with api.claims.claiming(fleet.token, place, (chain, tuple(tasks)), deadline) as turn:
             while True:
                 turn.look()
-                free, claimed, completed = await api.transact(
-                    _claim(params, loop["slots"], body.demand, completion)
-                )
-                if completion is not None:  # written with the first look only
-                    recorded, breakers = await _settled(api, worker_id, outcomes, completed)
-                    written = {"recorded": sorted(recorded), "breakers": breakers}
-                turn.looked(asked=min(body.demand, free), got=len(claimed))
+                [claimed] = await api.run(_claim(params))
+                if outcomes:  # written with the first look only
+                    params["outcomes"] = None
+                    written = await _settled_claim(api, worker_id, outcomes, claimed)
+                turn.looked(asked=min(body.demand, claimed.free), got=claimed.claimed)
                 # A claim that carried outcomes is answered at once, runs or not: its
                 # worker learns what was written now, not at the end of a long poll.
-                if free <= 0 or claimed or written or clock() >= deadline:
+                if claimed.free <= 0 or claimed.claimed or written or clock() >= deadline:
                     return _claimed(claimed, body.format, written)
                 await turn.sleep(deadline - clock(), gone)
                 if gone.done() or clock() >= deadline:
-                    return _claimed([], body.format, written)
+                    return _claimed(None, body.format, written)
     except Busy as busy:
         raise HTTPException(429, busy.title, {"Retry-After": str(busy.retry_after)}) from None
     finally:
@@ -654,12 +659,27 @@ async def _held(api: Api, worker_id: str, run_id: int, attempt: int) -> Run:
     return run
 
 
-def _claimed(runs: list[Run], format: str, written: dict[str, Any]) -> JSONAnswer:
+def _claimed(claimed: Claimed | None, format: str, written: dict[str, Any]) -> Response:
     """A claim's answer, its runs as objects or in rows (``CLAIM_FORMATS``), and what
-    was written of the outcomes it carried."""
+    was written of the outcomes it carried. Rows go out as the database wrote them."""
+    columns, rows = (claimed.columns, claimed.runs) if claimed else (list(RUN_FIELDS), "[]")
+    extra = "".join(f',"{name}":{json.dumps(value)}' for name, value in written.items())
     if format == "rows":
-        return JSONAnswer({"columns": RUN_FIELDS, "rows": [run.row() for run in runs], **written})
-    return JSONAnswer({"runs": [run.to_json() for run in runs], **written})
+        text = f'{{"columns":{json.dumps(columns)},"rows":{rows}{extra}}}'
+    else:
+        runs = [Run.from_row(columns, row).to_json() for row in json.loads(rows)]
+        text = f'{{"runs":{json.dumps(runs, ensure_ascii=False)}{extra}}}'
+    return Response(text.encode(), media_type="application/json")
+
+
+async def _settled_claim(
+    api: Api, worker_id: str, outcomes: list[dict[str, Any]], claimed: Claimed
+) -> dict[str, Any]:
+    """What was written of the outcomes a claim carried, as its answer says it; those
+    that came too late are noted in their runs."""
+    recorded = set(claimed.recorded or ())
+    await _note_late(api, worker_id, outcomes, recorded)
+    return {"recorded": sorted(recorded), "breakers": json.loads(claimed.breakers or "[]")}
 
 
 def _foreign_counter(counters: list[Counted], workloops: list[Any], tasks: list[str]) -> str | None:
@@ -749,20 +769,20 @@ async def _write(
     would; note in their runs the outcomes that came too late. Return the ids recorded
     and the breaker changes."""
     rows = await api.run(_complete(_completion(api, worker_id, outcomes, events)))
-    return await _settled(api, worker_id, outcomes, rows)
-
-
-async def _settled(
-    api: Api, worker_id: str, outcomes: list[dict[str, Any]], rows: list[Any]
-) -> tuple[set[int], list[dict[str, str]]]:
-    """From what ``complete_runs`` returned for ``outcomes``: the ids recorded and the
-    breaker changes; the outcomes that came too late are noted in their runs."""
     recorded = {row[0] for row in rows if row[0] is not None}
     breakers = [
         {"lane": lane, "key": key, "change": change}
         for _, lane, key, change in rows
         if change is not None
     ]
+    await _note_late(api, worker_id, outcomes, recorded)
+    return recorded, breakers
+
+
+async def _note_late(
+    api: Api, worker_id: str, outcomes: list[dict[str, Any]], recorded: set[int]
+) -> None:
+    """Note in their runs the outcomes that were not recorded: they came too late."""
     late = [
         {"id": o["id"], "attempt": o["attempt"], "state": o["state"]}
         for o in outcomes
@@ -771,26 +791,24 @@ async def _settled(
     if late:
         params = {"worker_id": worker_id, "outcomes": json.dumps(late)}
         await api.run(_statement("note_late_outcomes", params))
-    return recorded, breakers
 
 
-def _claim(
-    params: dict[str, Any], slots: int, demand: int, completion: dict[str, Any] | None
-) -> Steps[tuple[int, list[Run], list[Any]]]:
-    """Write the outcomes the claim carries (``completion``: ``complete_runs``'
-    parameters, or None), then claim up to ``demand`` runs for the workloop's free
-    slots; return how many were free, the runs, and what ``complete_runs`` returned. In
-    one transaction: the workloop's lock, taken as its runs are counted, serializes its
-    claims on every API process (functions/held_runs.sql), so its slots are never
-    exceeded."""
-    completed = (yield Statement("complete_runs", completion)) if completion else []
-    workloop = {"worker_id": params["worker_id"], "workloop": params["workloop"]}
-    rows = yield Statement("count_held_runs", workloop)
-    free = slots - int(rows[0][0])
-    if free <= 0:
-        return free, [], completed
-    runs = yield Statement("claim_runs", {**params, "demand": min(demand, free)}, run_row)
-    return free, [run for run in runs if run.state is RunState.RUNNING], completed
+@dataclass(frozen=True)
+class Claimed:
+    """What a claim did (functions/claim_workloop.sql): the workloop's free slots, the
+    runs it took (``runs``: their rows as one JSON array, each in ``columns``' order),
+    and, where it carried outcomes, the ids recorded and the breakers' changes (JSON)."""
+
+    free: int
+    claimed: int
+    columns: list[str]
+    runs: str
+    recorded: list[int] | None
+    breakers: str | None
+
+
+def _claim(params: dict[str, Any]) -> Steps[list[Claimed]]:
+    return (yield Statement("claim_workloop", params, class_row(Claimed)))
 
 
 def _renewed(params: dict[str, Any]) -> Steps[list[int]]:

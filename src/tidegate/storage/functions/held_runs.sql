@@ -1,13 +1,13 @@
 -- The runs a workloop of a remote worker holds, counted under the workloop's lock: an
--- advisory lock taken first in the claim's transaction and held to its commit, so that
--- the runs it holds are counted and the rest of its slots claimed (claim_runs) with no
--- other claim of it in between, on any API process. Without it, two claims at once both
+-- advisory lock taken in the claim's statement (claim_workloop) and held to its commit,
+-- so that the runs it holds are counted and the rest of its slots claimed (claim_runs)
+-- with no other claim of it in between, on any API process. Without it, two claims at once both
 -- counted none held and both claimed a full workloop's worth.
 -- The count is a statement of its own after the lock, in a VOLATILE function: it reads a
 -- snapshot taken once the lock is held, so it sees a claim that committed during the
 -- wait (a count in the same statement as the lock would read the snapshot from before).
 -- runs_running holds every running run, and there are never more than the cluster's
--- slots of them. One round trip for what were two statements.
+-- slots of them.
 CREATE OR REPLACE FUNCTION held_runs(p_worker_id text, p_workloop integer)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
