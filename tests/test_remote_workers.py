@@ -269,8 +269,12 @@ async def test_a_token_scopes_the_lanes_its_workers_may_claim_from(
         403,
     )
     assert_problem(await client.post("/workers", json={}), 401)
-    # A deleted token's workers are refused from the next call on.
+    # A deleted token's workers are refused from the next call on, their claims too
+    # (which the API process remembers after a first: the claim's statement checks).
+    claim = {"workloop": 0, "demand": 1, "wait_seconds": 0}
+    assert (await worker.post("/claim", claim)).status_code == 200
     assert (await client.delete("/admin/worker-tokens/emails", headers=ADMIN)).status_code == 204
+    assert_problem(await worker.post("/claim", claim), 403)
     assert_problem(await worker.post("/heartbeat", {"run_ids": []}), 403)
     listed = await client.get("/admin/worker-tokens", headers=ADMIN)
     assert [t["name"] for t in listed.json()] == ["other"]

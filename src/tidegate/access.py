@@ -52,6 +52,7 @@ class WorkerCaller:
     lanes: tuple[str, ...]
     worker_id: str | None = None
     worker: tuple[list[Any], list[str]] | None = None
+    token_hash: str = ""
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,13 @@ def find_caller(token: str) -> Steps[Caller | None]:
 def find_worker_token(token: str, worker_id: str | None) -> Steps[WorkerCaller | None]:
     """The worker token ``token`` is, with its lanes, and the worker ``worker_id`` of
     it (when named), in one statement; ``None`` if the token is none."""
-    params = {"token_hash": hash_token(token), "worker_id": worker_id}
-    rows = yield Statement("find_worker_token", params)
+    token_hash = hash_token(token)
+    rows = yield Statement("find_worker_token", {"token_hash": token_hash, "worker_id": worker_id})
     if not rows:
         return None
     name, lanes, workloops, tasks = rows[0]
     worker = (workloops, tasks) if workloops is not None else None
-    return WorkerCaller(name, tuple(lanes), worker_id, worker)
+    return WorkerCaller(name, tuple(lanes), worker_id, worker, token_hash)
 
 
 def set_admin_token(token: str) -> Steps[None]:

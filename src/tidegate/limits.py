@@ -397,12 +397,7 @@ def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_D
                 # come unescaped ("surrogatepass"), so the whole value is checked.
                 data = data.decode(encoding, "surrogatepass")
                 full_check = True
-        value = json.loads(
-            data,
-            parse_constant=_refuse_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-        )
+        value = _strict_loads(data)
     except RecursionError:
         raise InputError(f"{what} is nested deeper than {max_depth} levels") from None
     except UnicodeDecodeError as error:
@@ -419,6 +414,16 @@ def parse_json(data: bytes | str, what: str, max_depth: int = DEFAULT_MAX_JSON_D
     else:
         _check_depth(value, what, max_depth)
     return value
+
+
+def _strict_loads(data: bytes | str) -> Any:
+    """``json.loads`` with the strict hooks, on the one decoder made for them: given hooks,
+    ``json.loads`` makes a decoder (and its scanner) at every call."""
+    if isinstance(data, bytes):
+        data = data.decode(json.detect_encoding(data), "surrogatepass")
+    elif data.startswith("\ufeff"):
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", data, 0)
+    return _STRICT.decode(data)
 
 
 def _check_depth(value: Any, what: str, max_depth: int) -> None:
@@ -458,6 +463,11 @@ def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > MAX_INT_DIGITS:
         raise InputError(f"an integer of more than {MAX_INT_DIGITS} digits")
     return int(text)
+
+
+_STRICT = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_bounded_int
+)
 
 
 def _show(value: Any) -> str:

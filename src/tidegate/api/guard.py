@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tidegate.access import find_session
+from tidegate.access import WorkerCaller, find_session
 from tidegate.api.auth import Refused, authenticate, authenticate_worker
 from tidegate.api.kernel import Api, database_problem, problem
 from tidegate.limits import whole_number
@@ -54,6 +54,10 @@ def worker_named(path: str) -> str | None:
     parts = path.split("/", 3)
     return parts[2] if len(parts) == 4 and parts[1] == WORKERS[1:] else None
 
+
+CLAIM = "/claim"
+MAX_CLAIMERS = 10_000
+"""Workers an API process remembers for their claims (``Guard.remembered``)."""
 
 ADMIN_ONLY = ("/admin", "/metrics")
 CLOSE = {"Connection": "close"}
@@ -120,8 +124,8 @@ class Guard:
             authorization = headers.get("authorization", b"").decode("latin-1")
             try:
                 if path.startswith(WORKERS):
-                    caller: object = await authenticate_worker(
-                        self.api, authorization, worker_named(path)
+                    caller: object = self.remembered(scope, authorization) or (
+                        await self._worker(authorization, worker_named(path))
                     )
                 else:
                     caller = await authenticate(
@@ -165,6 +169,28 @@ class Guard:
             await send(message)
 
         await self.app(scope, body.receive, closing_send)
+
+    def remembered(self, scope: Scope, authorization: str) -> WorkerCaller | None:
+        """The worker of a claim (``POST /workers/{id}/claim``) whose token this process
+        found lately, or None. A claim is a remote worker's every cycle: its lookup was
+        one round trip in three of the API's work per claim. The claim's own statement
+        checks the token and the worker again (functions/claim_workloop.sql), and one
+        that finds either gone forgets the worker here, then answers as the lookup would:
+        a deleted token's workers are still refused from their next call on, and a body
+        is read only under a token that was valid at its worker's last call."""
+        worker_id = worker_named(scope["path"])
+        if scope["method"] != "POST" or scope["path"] != f"{WORKERS}/{worker_id}{CLAIM}":
+            return None
+        return self.api.claimers.get((authorization, str(worker_id)))
+
+    async def _worker(self, authorization: str, worker_id: str | None) -> WorkerCaller:
+        fleet = await authenticate_worker(self.api, authorization, worker_id)
+        if worker_id is not None and fleet.worker is not None:
+            claimers = self.api.claimers
+            if len(claimers) >= MAX_CLAIMERS:  # the longest remembered goes first
+                del claimers[next(iter(claimers))]
+            claimers[authorization, worker_id] = fleet
+        return fleet
 
     def _malformed(
         self, scope: Scope, length: bytes, declared: int | None

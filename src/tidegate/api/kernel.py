@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel, ConfigDict
 
-from tidegate.access import ensure_admin_token
+from tidegate.access import WorkerCaller, ensure_admin_token
 from tidegate.api.claims import Claims
 from tidegate.api.completions import Completions
 from tidegate.api.ledger import Ledger
@@ -354,6 +354,10 @@ class Api:
         )
         """Takes back runs whose leases lapsed, as workers do: with no worker alive, a
         dead worker's runs would otherwise count toward their caps for good."""
+        self.claimers: dict[tuple[str, str], WorkerCaller] = {}
+        """Workers whose token the Guard found lately, by (Authorization, worker id): their
+        claims skip its lookup, since the claim's statement checks the token and the
+        worker again (api/guard.py, ``Guard.remembered``)."""
         self.triggers: dict[str, tuple[float, Trigger]] = {}
         """Triggers looked up lately, by token, with when each stops being used
         (api/hooks.py); emptied when this process's admin API changes one."""

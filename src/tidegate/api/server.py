@@ -76,9 +76,9 @@ def create_server(settings: Settings | None = None) -> FastAPI:
     server.state.api = api
     server.add_middleware(Guard, api=api)
     server.include_router(hooks.router)
+    server.include_router(workers.router)
     server.include_router(runs.router)
     server.include_router(admin.router)
-    server.include_router(workers.router)
     server.include_router(workers.admin_router)
     server.include_router(metrics.router)
     install_dashboard(server)

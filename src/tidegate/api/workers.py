@@ -32,7 +32,7 @@ import json
 import secrets
 from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NoReturn
 
 import psycopg
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
@@ -41,7 +41,7 @@ from psycopg.rows import class_row
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tidegate.access import WorkerCaller
-from tidegate.api.auth import BEARER
+from tidegate.api.auth import BEARER, Refused, authenticate_worker
 from tidegate.api.claims import Busy
 from tidegate.api.events import disconnected
 from tidegate.api.kernel import (
@@ -409,6 +409,7 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     settings = api.settings
     outcomes = _outcome_rows(body.outcomes, settings.max_json_depth)
     params = {
+        "token_hash": fleet.token_hash,
         "worker_id": worker_id,
         "workloop": body.workloop,
         "slots": loop["slots"],
@@ -436,6 +437,8 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
             while True:
                 turn.look()
                 [claimed] = await api.run(_claim(params))
+                if claimed.free is None:  # the token or the worker is gone
+                    await _gone(api, request, worker_id)
                 if outcomes:  # written with the first look only
                     params["outcomes"] = None
                     written = await _settled_claim(api, worker_id, outcomes, claimed)
@@ -793,13 +796,29 @@ async def _note_late(
         await api.run(_statement("note_late_outcomes", params))
 
 
+async def _gone(api: Api, request: Request, worker_id: str) -> NoReturn:
+    """A claim that found its worker's token or registration gone (the Guard had
+    remembered it: ``Guard.remembered``): forget it, and refuse as the Guard's lookup
+    would have (403 for a token no longer known, 404 for a worker no longer
+    registered)."""
+    authorization = request.headers.get("authorization", "")
+    api.claimers.pop((authorization, worker_id), None)
+    try:
+        fleet = await authenticate_worker(api, authorization, worker_id)
+    except Refused as refused:
+        raise HTTPException(refused.status, refused.title) from None
+    _own(fleet, worker_id)  # raises 404
+    # Found again between the two reads: the next claim goes by the lookup.
+    raise HTTPException(503, "the worker's token changed: claim again", {"Retry-After": "1"})
+
+
 @dataclass(frozen=True)
 class Claimed:
     """What a claim did (functions/claim_workloop.sql): the workloop's free slots, the
     runs it took (``runs``: their rows as one JSON array, each in ``columns``' order),
     and, where it carried outcomes, the ids recorded and the breakers' changes (JSON)."""
 
-    free: int
+    free: int | None
     claimed: int
     columns: list[str]
     runs: str

@@ -15,9 +15,13 @@
 --    runs taken (those it set 'pending', of tasks no live worker has, are left out) and
 --    `runs` holds them as one JSON array of rows, each in `columns`' order, so the API
 --    writes them into its answer as they are, without reading them.
+-- First of all, the worker must still be registered under the token the call brought
+-- (p_token_hash): else nothing is done and `free` is NULL (the API's Guard remembers a
+-- claiming worker's token instead of looking it up at every call: this is the check).
 -- A statement instead of a transaction of five: each round trip from the API costs it
 -- more CPU than the runs it carries (docs/benchmarks.md, "Remote workers").
 CREATE OR REPLACE FUNCTION claim_workloop(
+    p_token_hash text,
     p_worker_id text,
     p_workloop smallint,
     p_slots integer,
@@ -43,6 +47,10 @@ CREATE OR REPLACE FUNCTION claim_workloop(
 )
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    IF NOT EXISTS (SELECT 1 FROM workers w JOIN worker_tokens t ON t.name = w.token
+                   WHERE w.id = p_worker_id AND t.token_hash = p_token_hash) THEN
+        RETURN;
+    END IF;
     IF p_outcomes IS NOT NULL THEN
         SELECT coalesce(array_agg(c.id) FILTER (WHERE c.id IS NOT NULL), '{}'),
                coalesce(json_agg(json_build_object('lane', c.lane, 'key', c.key,
