@@ -31,6 +31,7 @@ from tidegate.api.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
 from tidegate.limits import MAX_SLOTS
 from tidegate.runs import RUN_FIELDS, Run
 from tidegate.signatures import verify
+from tidegate.storage.sql import query
 from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.link import RemoteLink
 
@@ -190,6 +191,42 @@ async def test_a_claim_carrying_outcomes_writes_them_and_takes_the_slots_they_fr
     )
     assert done.json() == {"runs": [], "recorded": sorted(r["id"] for r in last), "breakers": []}
     assert time.monotonic() - started < 30
+
+
+def test_a_claim_commits_its_runs_through_the_wal_flush_and_its_outcomes_without(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """The outcomes a claim carries commit as the completer's do, without waiting for the
+    WAL flush; the runs it takes through it, as every claim (docs/architecture.md, "What
+    commits how"): a crash must not undo a claim whose runs a handler may have started.
+    The claim's one statement leaves the transaction's synchronous_commit as it must be at
+    its commit."""
+    sql.execute("INSERT INTO worker_tokens (name, token_hash, lanes) VALUES ('f', 'h', '{*}')")
+    sql.execute(
+        "INSERT INTO workers (id, host, pid, workloops, tasks, token)"
+        " VALUES ('w', '', 0, %s, '{echo}', 'f')",
+        [json.dumps([{"chain": ["default"], "slots": 2}])],
+    )
+    claim = {
+        "token_hash": "h", "worker_id": "w", "workloop": 0, "slots": 2, "demand": 1,
+        "outcomes": None, "completed_channel": "c", "channel": "a", "lanes": ["default"],
+        "wildcard": False, "demands": None, "others_demand": None, "lease_seconds": 30.0,
+        "scan_limit": 500, "head_scan": 64, "tasks": ["echo"], "live_seconds": 30.0,
+    }  # fmt: skip
+    first = app.enqueue("echo")
+    [(free, claimed, *_)] = sql.execute(query("claim_workloop"), claim).fetchall()
+    assert (free, claimed) == (2, 1)
+    done = [{"id": first.id, "attempt": 1, "state": "succeeded", "max_attempts": 20}]
+    carrying = {**claim, "outcomes": json.dumps(done)}
+    with sql.transaction(force_rollback=True):  # no run to take: the outcomes' mode
+        [(_, claimed, *_)] = sql.execute(query("claim_workloop"), carrying).fetchall()
+        assert claimed == 0 and state_of(sql, first.id) == ("succeeded", 1)
+        assert sql.execute("SHOW synchronous_commit").fetchone() == ("off",)
+    app.enqueue("echo")
+    with sql.transaction(force_rollback=True):  # a run taken: the claim's
+        [(_, claimed, *_)] = sql.execute(query("claim_workloop"), carrying).fetchall()
+        assert claimed == 1 and state_of(sql, first.id) == ("succeeded", 1)
+        assert sql.execute("SHOW synchronous_commit").fetchone() == ("on",)
 
 
 async def test_a_claim_in_rows_carries_the_runs_an_old_claim_gets_as_objects(

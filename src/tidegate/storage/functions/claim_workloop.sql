@@ -15,6 +15,9 @@
 --    runs taken (those it set 'pending', of tasks no live worker has, are left out) and
 --    `runs` holds them as one JSON array of rows, each in `columns`' order, so the API
 --    writes them into its answer as they are, without reading them.
+-- The outcomes commit without waiting for the WAL flush (complete_runs sets that for
+-- the transaction), a claim through it (docs/architecture.md, "What commits how"): a
+-- claim that took runs puts back the connection's own setting, read before.
 -- First of all, the worker must still be registered under the token the call brought
 -- (p_token_hash): else nothing is done and `free` is NULL (the API's Guard remembers a
 -- claiming worker's token instead of looking it up at every call: this is the check).
@@ -46,6 +49,8 @@ CREATE OR REPLACE FUNCTION claim_workloop(
     OUT breakers text
 )
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    commit_mode text := current_setting('synchronous_commit');
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM workers w JOIN worker_tokens t ON t.name = w.token
                    WHERE w.id = p_worker_id AND t.token_hash = p_token_hash) THEN
@@ -81,6 +86,9 @@ BEGIN
             p_live_seconds
         ) AS r
         WHERE r.state = 'running';
+        IF claimed > 0 THEN
+            PERFORM set_config('synchronous_commit', commit_mode, true);
+        END IF;
     END IF;
 END
 $$;
