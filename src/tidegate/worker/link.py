@@ -15,7 +15,7 @@ import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 from psycopg_pool import AsyncConnectionPool
 
 from tidegate.forward import Delivery
@@ -99,11 +99,12 @@ class RemoteLink:
     remote = True
 
     def __init__(self, server_url: str, token: str, poll_seconds: float) -> None:
-        self.client = httpx.AsyncClient(
-            base_url=server_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=REQUEST_SECONDS + poll_seconds,
-        )
+        self.base = server_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"}
+        self.session: aiohttp.ClientSession | None = None
+        """Opened with the link, on the worker's loop. aiohttp, not httpx (which the
+        forwarding task uses): a call costs the worker a quarter of the CPU, and a
+        remote worker makes one a cycle (docs/benchmarks.md, "Remote workers")."""
         self.poll_seconds = poll_seconds
         self.path = ""
         self.claim_format = "objects"
@@ -118,12 +119,22 @@ class RemoteLink:
 
     async def open(self, worker: Worker) -> None:
         """Register; the API names the worker, and says how often it must beat."""
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=REQUEST_SECONDS + self.poll_seconds),
+                trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as httpx read them
+            )
         body = {
             "workloops": worker.settings.workloops,
             "tasks": [worker.tasks[name].settings.declaration() for name in sorted(worker.tasks)],
             "host": worker.id,
         }
-        registered = await self._call("POST", "/workers", body)
+        try:
+            registered = await self._call("POST", "/workers", body)
+        except BaseException:  # the worker stops: its session with it
+            await self.close()
+            raise
         worker.id = registered["worker_id"]
         self.path = f"/workers/{registered['worker_id']}"
         if "rows" in registered.get("claim_formats", ()):
@@ -183,29 +194,34 @@ class RemoteLink:
         return Delivery.from_json(answer["delivery"]) if answer["delivery"] else None
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
 
     async def _call(
         self, method: str, path: str, body: Any = None, params: dict[str, Any] | None = None
     ) -> Any:
         """Call the API; the answer's JSON, or ``LinkError`` (transient: the API is
         unreachable, overloaded or restarting; else it refused the call)."""
-        base = self.client.base_url
+        assert self.session is not None, "the link is not open"
+        base = self.base
         try:
-            response = await self.client.request(method, path, json=body, params=params)
-        except httpx.TransportError as error:
+            async with self.session.request(
+                method, base + path, json=body, params=params
+            ) as response:
+                status, content = response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as error:
             raise LinkError(f"cannot reach the API at {base}: {error!r}", transient=True) from None
-        if response.status_code >= 400:
+        if status >= 400:
             try:
-                said = response.json()["detail"]
+                said = json.loads(content)["detail"]
             except (ValueError, KeyError, TypeError):
-                said = response.text[:200]
-            status = response.status_code
+                said = content[:200].decode(errors="replace")
             raise LinkError(
                 f"the API at {base} answered {path} with {status}: {said}",
                 transient=status in PASSING_STATUSES,
             )
-        return response.json() if response.content else None
+        return json.loads(content) if content else None
 
 
 def _completed(answer: dict[str, Any]) -> Rows:
