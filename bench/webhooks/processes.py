@@ -195,12 +195,12 @@ def server_pids(url: str) -> Callable[[], list[int]]:
     """
     with psycopg.connect(url, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    try:
-        status = Path(f"/proc/{row[0]}/status").read_text()
-        postmaster = int(status.split("PPid:", 1)[1].split()[0])
-    except (OSError, IndexError, ValueError):
-        return lambda: []  # the server runs where this process cannot see it
+        assert row is not None
+        try:  # read while the backend lives: once the connection closes, it exits
+            status = Path(f"/proc/{row[0]}/status").read_text()
+            postmaster = int(status.split("PPid:", 1)[1].split()[0])
+        except (OSError, IndexError, ValueError):
+            return lambda: []  # the server runs where this process cannot see it
 
     def pids() -> list[int]:
         found = [postmaster]
