@@ -12,9 +12,9 @@ command's own output, e.g. the JSON of ``tidegate runs --json``):
 
 ``verbose`` sets tidegate's loggers to DEBUG; third-party loggers stay at INFO (uvicorn
 at WARNING, the embedded server's wrapper, which narrates every pg_ctl call, at WARNING).
-httpx logs every HTTP call at INFO (``HTTP Request: POST ...``): a remote worker makes
-several a second even while idle (its long polls, its heartbeats), and forwarding one
-per delivery, so httpx is at WARNING too, at INFO with ``verbose``.
+httpx logs every HTTP call at INFO (``HTTP Request: POST ...``): forwarding makes one
+per delivery, so httpx is at WARNING too, at INFO with ``verbose``. (A remote worker
+calls the API with aiohttp, which logs no line per call.)
 The access log (one line per HTTP request, from ``uvicorn.access``) is off unless asked
 for; in JSON its lines carry ``client``, ``method``, ``path`` and ``status``.
 """
