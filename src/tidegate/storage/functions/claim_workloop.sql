@@ -1,6 +1,10 @@
 -- A remote worker's claim for one workloop, in one statement (api/workers.py, the claim
 -- route): the API runs it for the worker, which holds no database connection.
 --
+-- 0. The worker must still be registered under the token the call brought
+--    (p_token_hash): else nothing is done and `free` is NULL (the API's Guard remembers
+--    a claiming worker's token instead of looking it up at every call: this is the
+--    check).
 -- 1. The outcomes the claim carries (p_outcomes: complete_runs' JSON array, or NULL)
 --    are written first, so that the slots they free are claimed in the same call:
 --    `recorded` are the ids written, `breakers` the circuit breakers that opened or
@@ -18,9 +22,6 @@
 -- The outcomes commit without waiting for the WAL flush (complete_runs sets that for
 -- the transaction), a claim through it (docs/architecture.md, "What commits how"): a
 -- claim that took runs puts back the connection's own setting, read before.
--- First of all, the worker must still be registered under the token the call brought
--- (p_token_hash): else nothing is done and `free` is NULL (the API's Guard remembers a
--- claiming worker's token instead of looking it up at every call: this is the check).
 -- A statement instead of a transaction of five: each round trip from the API costs it
 -- more CPU than the runs it carries (docs/benchmarks.md, "Remote workers").
 CREATE OR REPLACE FUNCTION claim_workloop(
