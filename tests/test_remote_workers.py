@@ -27,8 +27,10 @@ import pytest
 from tests.conftest import ROOT, Remote, running_worker, wait_until
 from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project, create_trigger
 from tidegate import NewRun, RunState, Tidegate
+from tidegate.access import WorkerCaller
 from tidegate.api.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
-from tidegate.limits import MAX_SLOTS
+from tidegate.api.kernel import MAX_CLAIMER_NAMES, Claimers
+from tidegate.limits import MAX_SLOTS, MAX_TEXT_CHARS
 from tidegate.runs import RUN_FIELDS, Run
 from tidegate.signatures import verify
 from tidegate.storage.sql import query
@@ -191,6 +193,28 @@ async def test_a_claim_carrying_outcomes_writes_them_and_takes_the_slots_they_fr
     )
     assert done.json() == {"runs": [], "recorded": sorted(r["id"] for r in last), "breakers": []}
     assert time.monotonic() - started < 30
+
+
+def test_the_workers_remembered_for_their_claims_hold_no_more_than_their_budget() -> None:
+    """One token's workers, each registered with as many tasks as a registration allows
+    (1,000 of 255 characters), and claiming once, leave an API process remembering at
+    most ``MAX_CLAIMER_NAMES`` names, the longest remembered forgotten first; a worker
+    alone past the budget is not remembered (its claims go by the lookup)."""
+    tasks = [f"{n:03d}".ljust(MAX_TEXT_CHARS, "t") for n in range(1000)]
+    claimers = Claimers()
+    for n in range(500):
+        fleet = WorkerCaller("hostile", ("*",), f"w{n}", ([{"chain": ["*"], "slots": 1}], tasks))
+        claimers.remember(("Bearer t", f"w{n}"), fleet)
+        assert claimers.held <= MAX_CLAIMER_NAMES
+    assert claimers.held == len(claimers.workers) * 1002
+    assert claimers.get(("Bearer t", "w499")) is not None  # the latest kept
+    assert claimers.get(("Bearer t", "w0")) is None  # the first forgotten
+    claimers.forget(("Bearer t", "w499"))
+    assert claimers.held == len(claimers.workers) * 1002
+
+    small = Claimers(budget=100)
+    small.remember(("Bearer t", "big"), WorkerCaller("t", ("*",), "big", ([], tasks)))
+    assert small.get(("Bearer t", "big")) is None and small.held == 0
 
 
 def test_a_claim_commits_its_runs_through_the_wal_flush_and_its_outcomes_without(

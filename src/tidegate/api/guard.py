@@ -56,8 +56,6 @@ def worker_named(path: str) -> str | None:
 
 
 CLAIM = "/claim"
-MAX_CLAIMERS = 10_000
-"""Workers an API process remembers for their claims (``Guard.remembered``)."""
 
 ADMIN_ONLY = ("/admin", "/metrics")
 CLOSE = {"Connection": "close"}
@@ -172,12 +170,13 @@ class Guard:
 
     def remembered(self, scope: Scope, authorization: str) -> WorkerCaller | None:
         """The worker of a claim (``POST /workers/{id}/claim``) whose token this process
-        found lately, or None. A claim is a remote worker's every cycle: its lookup was
-        one round trip in three of the API's work per claim. The claim's own statement
-        checks the token and the worker again (functions/claim_workloop.sql), and one
-        that finds either gone forgets the worker here, then answers as the lookup would:
-        a deleted token's workers are still refused from their next call on, and a body
-        is read only under a token that was valid at its worker's last call."""
+        found lately (within ``Claimers``' budget), or None. A claim is a remote worker's
+        every cycle: its lookup was one round trip in three of the API's work per claim.
+        The claim's own statement checks the token and the worker again
+        (functions/claim_workloop.sql), and one that finds either gone forgets the worker
+        here, then answers as the lookup would: a deleted token's workers are still
+        refused from their next call on, and a body is read only under a token that was
+        valid at its worker's last call."""
         worker_id = worker_named(scope["path"])
         if scope["method"] != "POST" or scope["path"] != f"{WORKERS}/{worker_id}{CLAIM}":
             return None
@@ -186,10 +185,7 @@ class Guard:
     async def _worker(self, authorization: str, worker_id: str | None) -> WorkerCaller:
         fleet = await authenticate_worker(self.api, authorization, worker_id)
         if worker_id is not None and fleet.worker is not None:
-            claimers = self.api.claimers
-            if len(claimers) >= MAX_CLAIMERS:  # the longest remembered goes first
-                del claimers[next(iter(claimers))]
-            claimers[authorization, worker_id] = fleet
+            self.api.claimers.remember((authorization, worker_id), fleet)
         return fleet
 
     def _malformed(

@@ -320,6 +320,43 @@ def page(
     return shown, {"Link": f'<{url.path}?{url.query}>; rel="next"'}
 
 
+MAX_CLAIMER_NAMES = 100_000
+"""The names (worker ids, workloops, tasks) an API process remembers of its claiming
+workers (``Claimers``): at most ~30 MB, and 10,000 workers of ten tasks."""
+
+
+class Claimers:
+    """Workers remembered for their claims, by (Authorization, worker id), the longest
+    remembered forgotten first, within a budget of the names they hold (each worker its
+    id, its workloops and its tasks): a registration may name 1,000 tasks of 255
+    characters, so a count of workers alone let one token's workers hold gigabytes."""
+
+    def __init__(self, budget: int = MAX_CLAIMER_NAMES) -> None:
+        self.budget = budget
+        self.held = 0
+        self.workers: dict[tuple[str, str], tuple[WorkerCaller, int]] = {}
+
+    def get(self, key: tuple[str, str]) -> WorkerCaller | None:
+        found = self.workers.get(key)
+        return found[0] if found else None
+
+    def remember(self, key: tuple[str, str], fleet: WorkerCaller) -> None:
+        workloops, tasks = fleet.worker or ([], [])
+        size = 1 + len(workloops) + len(tasks)
+        self.forget(key)
+        if size > self.budget:
+            return
+        while self.held + size > self.budget:
+            self.forget(next(iter(self.workers)))
+        self.workers[key] = (fleet, size)
+        self.held += size
+
+    def forget(self, key: tuple[str, str]) -> None:
+        found = self.workers.pop(key, None)
+        if found:
+            self.held -= found[1]
+
+
 class Api:
     """What one API process holds: settings, a pool, the completion listener, the remote
     workers' waiting claims, the event streams' places."""
@@ -354,10 +391,10 @@ class Api:
         )
         """Takes back runs whose leases lapsed, as workers do: with no worker alive, a
         dead worker's runs would otherwise count toward their caps for good."""
-        self.claimers: dict[tuple[str, str], WorkerCaller] = {}
-        """Workers whose token the Guard found lately, by (Authorization, worker id): their
-        claims skip its lookup, since the claim's statement checks the token and the
-        worker again (api/guard.py, ``Guard.remembered``)."""
+        self.claimers = Claimers()
+        """Workers whose token the Guard found lately: their claims skip its lookup,
+        since the claim's statement checks the token and the worker again (api/guard.py,
+        ``Guard.remembered``)."""
         self.triggers: dict[str, tuple[float, Trigger]] = {}
         """Triggers looked up lately, by token, with when each stops being used
         (api/hooks.py); emptied when this process's admin API changes one."""

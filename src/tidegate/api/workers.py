@@ -802,7 +802,7 @@ async def _gone(api: Api, request: Request, worker_id: str) -> NoReturn:
     would have (403 for a token no longer known, 404 for a worker no longer
     registered)."""
     authorization = request.headers.get("authorization", "")
-    api.claimers.pop((authorization, worker_id), None)
+    api.claimers.forget((authorization, worker_id))
     try:
         fleet = await authenticate_worker(api, authorization, worker_id)
     except Refused as refused:
