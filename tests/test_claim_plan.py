@@ -426,3 +426,57 @@ def test_a_share_claim_takes_each_lanes_demand_and_stars_lanes_together(
     assert not any(kind == "Seq Scan" and rel == "runs" for kind, _, rel in scans), scans
     assert any(index == "runs_claim_lane" for _, index, _ in scans), scans
     assert rows_read(plans) <= 100, rows_read(plans)  # never a lane's 2,000
+
+
+def test_a_workloops_runs_in_flight_are_read_from_its_own_entries(
+    app: Tidegate, sql: psycopg.Connection
+) -> None:
+    """A remote claim counts the runs its workloop holds (held_runs), and a sync
+    admission each fast-lane workloop's free slots, from that workloop's entries of
+    runs_held: never every run in flight of the cluster (here 3,000 of another worker's,
+    whose workloop takes no fast-lane run)."""
+    sql.execute("INSERT INTO worker_tokens (name, token_hash, lanes) VALUES ('t', 'h', '{*}')")
+    sql.execute(
+        "INSERT INTO workers (id, host, pid, workloops, tasks, token) VALUES"
+        " ('w', 'h', 1, '[{\"chain\": [\"fast_lane\", \"*\"], \"slots\": 8}]', '{noop}', 't'),"
+        " ('other', 'h', 2, '[{\"chain\": [\"default\"], \"slots\": 10000}]', '{noop}', NULL)"
+    )
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, state, worker_id, workloop, attempt)"
+        " SELECT 'p', 'default', 'k' || (i % 50), 'noop', 'running',"
+        " CASE WHEN i <= 5 THEN 'w' ELSE 'other' END, 0, 1"
+        " FROM generate_series(1, 3005) AS i"
+    )
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, state, completed_at, worker_id, workloop)"
+        " SELECT 'p', 'default', 'k', 'noop', 'succeeded', now(), 'w', 0"
+        " FROM generate_series(1, 20000)"
+    )
+    sql.execute(
+        "INSERT INTO runs (project, lane, key, task, vtime)"
+        " SELECT 'p', 'default', 'k' || i, 'noop', i FROM generate_series(1, 20) AS i"
+    )
+    sql.execute("ANALYZE runs")
+    params = {
+        **CLAIM,
+        "token_hash": "h",
+        "slots": 8,
+        "outcomes": None,
+        "completed_channel": "c",
+        "channel": "c",
+        "lanes": ["fast_lane"],
+        "wildcard": True,
+    }
+    plans, rows = explained(sql, "claim_workloop", params)
+    free, claimed = rows[0][:2]
+    assert (free, claimed) == (3, 3), rows[0][:2]
+    held = [p for p in plans if "count(*) FROM runs" in p["Query Text"]]
+    assert {index for _, index, _ in scans_of(held) if index} == {"runs_held"}, scans_of(held)
+    assert rows_scanned(held) <= 5, rows_scanned(held)
+
+    app.execute(create_project("p"))
+    trigger = app.execute(create_trigger("p", "s", mode="sync", task="noop"))
+    plans, rows = explained(sql, "admit_webhook", {**admission(trigger, "k"), "lane": "fast_lane"})
+    assert rows[0][0] == "admitted", rows[0]
+    # Its scans of runs: the fast lane's own indexes (empty), and w's 5 runs in flight.
+    assert rows_scanned(plans) <= 5, rows_scanned(plans)

@@ -6,8 +6,8 @@
 -- The count is a statement of its own after the lock, in a VOLATILE function: it reads a
 -- snapshot taken once the lock is held, so it sees a claim that committed during the
 -- wait (a count in the same statement as the lock would read the snapshot from before).
--- runs_running holds every running run, and there are never more than the cluster's
--- slots of them.
+-- runs_held holds each workloop's runs in flight apart: the count reads this workloop's
+-- entries only.
 CREATE OR REPLACE FUNCTION held_runs(p_worker_id text, p_workloop integer)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $$
