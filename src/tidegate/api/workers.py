@@ -431,7 +431,9 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
     clock = asyncio.get_running_loop().time
     deadline = clock() + body.wait_seconds
     place = (worker_id, body.workloop)
-    gone = asyncio.ensure_future(disconnected(request.receive))
+    # Whether the client left: watched only while the claim waits (most are answered at
+    # once, and a task per claim cost each a few loop turns).
+    gone: asyncio.Future[None] | None = None
     try:
         async with api.claims.claiming(fleet.token, place, (chain, tuple(tasks)), deadline) as turn:
             while True:
@@ -447,13 +449,15 @@ async def claim(worker_id: WorkerId, body: Claim, request: Request, fleet: Fleet
                 # worker learns what was written now, not at the end of a long poll.
                 if claimed.free <= 0 or claimed.claimed or written or clock() >= deadline:
                     return _claimed(claimed, body.format, written)
+                gone = gone or asyncio.ensure_future(disconnected(request.receive))
                 await turn.sleep(deadline - clock(), gone)
                 if gone.done() or clock() >= deadline:
                     return _claimed(None, body.format, written)
     except Busy as busy:
         raise HTTPException(429, busy.title, {"Retry-After": str(busy.retry_after)}) from None
     finally:
-        gone.cancel()
+        if gone is not None:
+            gone.cancel()
 
 
 @router.post("/{worker_id}/heartbeat", responses=NOT_YOURS, operation_id="sendHeartbeat")
