@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NoReturn
 
 import psycopg
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, Security
 from fastapi.security import HTTPBearer
 from psycopg.rows import class_row
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from tidegate.access import WorkerCaller
 from tidegate.api.auth import BEARER, Refused, authenticate_worker
@@ -84,15 +84,28 @@ from tidegate.worker.execute import reported_outcome
 from tidegate.worker.maintenance import rescue
 from tidegate.worker.runtime import CLAIM_HEAD_SCAN, CLAIM_SCAN_LIMIT
 
-WORKER_BEARER = HTTPBearer(
+
+class WorkerBearer(HTTPBearer):
+    """The worker token as OpenAPI documents it, and the dependency that hands a route
+    the caller the ``Guard`` authenticated with it (the header is not read again).
+
+    One dependency, not the scheme beside a dependency of its own: FastAPI's bookkeeping
+    per dependency and request (its cache key, a look for OAuth scopes that unwraps the
+    callable) was a tenth of an API process's samples per claim in a remote drain
+    (docs/benchmarks.md, "Remote workers"). Async, though it awaits nothing: FastAPI
+    runs a plain callable in a thread."""
+
+    async def __call__(self, request: Request) -> WorkerCaller:  # type: ignore[override]
+        caller = request.state.caller
+        if not isinstance(caller, WorkerCaller):  # not reachable through the Guard
+            raise HTTPException(403, "a worker token is required")
+        return caller
+
+
+WORKER_BEARER = WorkerBearer(
     auto_error=False, scheme_name="WorkerToken", description="A worker token (tgw_...)."
 )
-router = APIRouter(
-    prefix="/workers",
-    tags=["workers"],
-    dependencies=[Security(WORKER_BEARER)],
-    responses=AUTH_RESPONSES,
-)
+router = APIRouter(prefix="/workers", tags=["workers"], responses=AUTH_RESPONSES)
 admin_router = APIRouter(
     prefix="/admin/worker-tokens",
     tags=["admin"],
@@ -121,19 +134,8 @@ RunIdPath = Annotated[int, Path(ge=1, le=2**63 - 1)]
 Attempt = Annotated[int, Field(ge=1, le=32767)]
 
 
-async def worker_caller(request: Request) -> WorkerCaller:
-    """FastAPI dependency: the worker token the ``Guard`` authenticated.
-
-    Async, though it awaits nothing: FastAPI runs a plain function in a thread, a hop
-    that cost a tenth of the API's time per request in a remote drain
-    (docs/benchmarks.md)."""
-    caller = request.state.caller
-    if not isinstance(caller, WorkerCaller):  # not reachable through the Guard
-        raise HTTPException(403, "a worker token is required")
-    return caller
-
-
-Fleet = Annotated[WorkerCaller, Depends(worker_caller)]
+Fleet = Annotated[WorkerCaller, Security(WORKER_BEARER)]
+"""The worker token's caller; every route of ``router`` takes it."""
 
 
 class TaskDeclaration(BaseModel):
@@ -178,6 +180,10 @@ class OutcomeRow(BaseModel):
     delay_seconds: float = Field(default=0.0, ge=0, le=MAX_DELAY_SECONDS, allow_inf_nan=False)
     max_attempts: int = Field(ge=1, le=32767)
     verdict: Literal["success", "failure"] | None = None
+
+
+OUTCOME_ROWS = TypeAdapter(list[OutcomeRow])
+"""Dumps a batch of outcome rows in one call, not one ``model_dump`` per row."""
 
 
 class Claim(BaseModel):
@@ -753,7 +759,8 @@ def _outcome_rows(rows: list[OutcomeRow], depth: int) -> list[dict[str, Any]]:
                     parse_json(text, f"run {row.id}'s {name}", depth)
             except InputError as error:
                 raise HTTPException(422, str(error)) from None
-    return [row.model_dump(exclude_none=True) for row in rows]
+    dumped: list[dict[str, Any]] = OUTCOME_ROWS.dump_python(rows, exclude_none=True)
+    return dumped
 
 
 def _completion(
