@@ -431,9 +431,10 @@ def test_a_share_claim_takes_each_lanes_demand_and_stars_lanes_together(
 def test_a_workloops_runs_in_flight_are_read_from_its_own_entries(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:
-    """A remote claim counts the runs its workloop holds (held_runs), and a sync
-    admission each fast-lane workloop's free slots, from that workloop's entries of
-    runs_held: never every run in flight of the cluster (here 3,000 of another worker's,
+    """A remote claim counts the runs its workloop holds (held_runs), a batch of outcomes
+    finds its worker's runs (complete_runs), and a sync admission counts each fast-lane
+    workloop's free slots, from that worker's entries of runs_held: never every run in
+    flight of the cluster (here 3,000 of another worker's,
     whose workloop takes no fast-lane run)."""
     sql.execute("INSERT INTO worker_tokens (name, token_hash, lanes) VALUES ('t', 'h', '{*}')")
     sql.execute(
@@ -473,6 +474,24 @@ def test_a_workloops_runs_in_flight_are_read_from_its_own_entries(
     held = [p for p in plans if "count(*) FROM runs" in p["Query Text"]]
     assert {index for _, index, _ in scans_of(held) if index} == {"runs_held"}, scans_of(held)
     assert rows_scanned(held) <= 5, rows_scanned(held)
+
+    # A batch of outcomes: w's 5 runs, found among its own runs in flight.
+    outcomes = [
+        {"id": run_id, "attempt": 1, "state": "succeeded", "result": "null", "max_attempts": 20}
+        for (run_id,) in sql.execute(
+            "SELECT id FROM runs WHERE worker_id = 'w' AND state = 'running'"
+        )
+    ]
+    batch = {
+        "worker_id": "w",
+        "completed_channel": "c",
+        "channel": "c",
+        "outcomes": json.dumps(outcomes),
+        "events": "[]",
+    }
+    plans, rows = explained(sql, "complete_runs", batch)
+    assert len(rows) == 5, rows
+    assert rows_scanned(plans) <= 5 + 3, rows_scanned(plans)
 
     app.execute(create_project("p"))
     trigger = app.execute(create_trigger("p", "s", mode="sync", task="noop"))
