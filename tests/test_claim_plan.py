@@ -428,14 +428,14 @@ def test_a_share_claim_takes_each_lanes_demand_and_stars_lanes_together(
     assert rows_read(plans) <= 100, rows_read(plans)  # never a lane's 2,000
 
 
-def test_a_workloops_runs_in_flight_are_read_from_its_own_entries(
+def test_a_workers_runs_in_flight_are_read_from_its_own_entries(
     app: Tidegate, sql: psycopg.Connection
 ) -> None:
     """A remote claim counts the runs its workloop holds (held_runs), a batch of outcomes
     finds its worker's runs (complete_runs), and a sync admission counts each fast-lane
     workloop's free slots, from that worker's entries of runs_held: never every run in
-    flight of the cluster (here 3,000 of another worker's,
-    whose workloop takes no fast-lane run)."""
+    flight of the cluster (here 3,000 of another worker's, whose workloop takes no
+    fast-lane run)."""
     sql.execute("INSERT INTO worker_tokens (name, token_hash, lanes) VALUES ('t', 'h', '{*}')")
     sql.execute(
         "INSERT INTO workers (id, host, pid, workloops, tasks, token) VALUES"
