@@ -68,8 +68,9 @@ def filled(app: Tidegate, sql: psycopg.Connection) -> psycopg.Connection:
         ({"project": "small"}, "runs_project"),
         ({"state": "discarded"}, "runs_failed"),
         ({"state": "cancelled"}, "runs_failed"),
-        ({"state": "running"}, "runs_running"),
-        ({"project": "small", "state": "running"}, "runs_running"),
+        # Two indexes hold the runs in flight, and no other run: either will do.
+        ({"state": "running"}, "runs_running|runs_held"),
+        ({"project": "small", "state": "running"}, "runs_running|runs_held"),
         ({"state": "pending"}, "runs_pending"),
     ],
 )
@@ -79,7 +80,7 @@ def test_a_page_of_the_run_list_reads_the_index_its_filter_needs(
     nodes = plan(filled, "list_runs_page", {**NO_FILTER, **filters, "limit": 50})
     found = scans(nodes)
     assert all(kind != "Seq Scan" for kind, _ in found), found
-    assert index in {name for _, name in found}, found
+    assert set(index.split("|")) & {name for _, name in found}, found
 
 
 @pytest.mark.parametrize(
