@@ -102,9 +102,7 @@ class WorkerBearer(HTTPBearer):
         return caller
 
 
-WORKER_BEARER = WorkerBearer(
-    auto_error=False, scheme_name="WorkerToken", description="A worker token (tgw_...)."
-)
+WORKER_BEARER = WorkerBearer(scheme_name="WorkerToken", description="A worker token (tgw_...).")
 router = APIRouter(prefix="/workers", tags=["workers"], responses=AUTH_RESPONSES)
 admin_router = APIRouter(
     prefix="/admin/worker-tokens",

@@ -110,7 +110,8 @@ CREATE INDEX runs_pending ON runs (task) WHERE state = 'pending';
 -- max_running, breaker probes and project concurrency count a key's (or a project's)
 -- runs in flight from it, the ground truth of those limits, counted under an advisory
 -- lock, never kept in a counter; fairness reads a lane's frontier from it
--- (lane_frontier); the run lists read a project's runs in flight from it. (lane, key):
+-- (lane_frontier); the run lists read a project's runs in flight from it (or from
+-- runs_held below, which holds the same runs by worker). (lane, key):
 -- a key's runs in flight are read from the key's own entries, not all its lane's (with
 -- four workers of 32 slots, 128 rows per candidate of a claim with limits: 2.4-3.0 ms
 -- per 32-run claim with max_running set, 1.7-1.8 ms with the key). One small index for

@@ -1,7 +1,7 @@
 -- The workers page: the runs each of the given workers runs now (its last claimer's id
 -- is on the run), the longest running first, at most per_worker each. Runs in flight are
--- a few per worker slot, all in runs_running: the scan is bounded by the cluster's slots,
--- not by the table.
+-- a few per worker slot, all in runs_held (and runs_running): the scan is bounded by the
+-- cluster's slots, not by the table.
 SELECT worker_id, id, task, key, lane, attempted_at
 FROM (
     SELECT worker_id, id, task, key, lane, attempted_at,

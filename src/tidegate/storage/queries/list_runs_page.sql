@@ -1,10 +1,10 @@
 -- A page of the dashboard's run list: newest first, every filter optional (NULL
 -- matches all), after the keyset %(before)s (the last id of the page before). The
 -- columns of a list only: args and result may be large, the run's page shows them.
--- Runs in flight come from runs_running (at most the workers' slots), ready runs from
--- the claim's indexes, the others through the index their filter needs (runs_project
--- holds neither: see schema.sql); each part is read only where the state filter lets it
--- have rows. Which index serves each filter, and what a page costs at 1,000,000 runs:
+-- Runs in flight come from runs_running or runs_held (at most the workers' slots), ready
+-- runs from the claim's indexes, the others through the index their filter needs
+-- (runs_project holds neither: see schema.sql); each part is read only where the state
+-- filter lets it have rows. Which index serves each filter, and what a page costs at 1,000,000 runs:
 -- docs/dashboard.md. The args filter (containment, @>) has no index of its own: it sifts
 -- the rows the other filters' index reads, newest first, until the page is full.
 SELECT * FROM (
