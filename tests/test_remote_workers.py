@@ -29,7 +29,7 @@ from tests.http_fixtures import ADMIN, ApiServer, assert_problem, create_project
 from tidegate import NewRun, RunState, Tidegate
 from tidegate.access import WorkerCaller
 from tidegate.api.claims import MAX_KINDS_PER_TOKEN, Claims, Queue, Turn
-from tidegate.api.kernel import MAX_CLAIMER_NAMES, Claimers
+from tidegate.api.kernel import MAX_CLAIMER_NAMES, Claimers, ProblemType
 from tidegate.limits import MAX_SLOTS, MAX_TEXT_CHARS
 from tidegate.runs import RUN_FIELDS, Run
 from tidegate.signatures import verify
@@ -193,6 +193,53 @@ async def test_a_claim_carrying_outcomes_writes_them_and_takes_the_slots_they_fr
     )
     assert done.json() == {"runs": [], "recorded": sorted(r["id"] for r in last), "breakers": []}
     assert time.monotonic() - started < 30
+
+
+async def test_a_workers_cycle_is_answered_alike_whichever_handler_reads_it(
+    app: Tidegate, client: httpx.AsyncClient
+) -> None:
+    """A claim, a batch of outcomes and a heartbeat are read in one call where they are
+    well formed (api/workers.py ``WorkerRoute``), else by FastAPI: what the one path
+    cannot read, the other still serves or refuses as before. A UTF-16 body (JSON's own
+    reader takes it) is served; a body of another worker's id, one with a wrong field,
+    one that is not JSON and one without a JSON type are refused as FastAPI refuses
+    them."""
+    token = await worker_token(client, "fleet", ["*"])
+    worker = await RemoteWorker.register(client, token, "manual>*:2", ["echo"])
+    other = await RemoteWorker.register(client, token, "manual>*:2", ["echo"])
+    await app.aenqueue("echo")
+    claim = {"workloop": 0, "demand": 2, "format": "rows"}
+    path = f"/workers/{worker.id}"
+
+    def send(where: str, body: bytes, kind: str = "application/json") -> Any:
+        return client.post(where, content=body, headers={**token, "content-type": kind})
+
+    wide = json.dumps(claim).encode("utf-16")
+    served = await send(f"{path}/claim", wide)
+    assert served.status_code == 200, served.text
+    (row,) = served.json()["rows"]
+    columns = served.json()["columns"]
+    run = dict(zip(columns, row, strict=True))
+    outcome = {
+        "id": run["id"],
+        "attempt": 1,
+        "state": "succeeded",
+        "result": "7",
+        "max_attempts": run["max_attempts"],
+    }
+    done = await send(f"{path}/complete", json.dumps({"outcomes": [outcome]}).encode())
+    assert done.json() == {"recorded": [run["id"]], "breakers": []}, done.text
+    beat = await send(f"{path}/heartbeat", b'{"run_ids": [%d]}' % run["id"], "application/x+json")
+    assert beat.json() == {"renewed": [], "lost": [run["id"]]}, beat.text
+
+    mine = await send(f"/workers/{other.id}/claim", json.dumps(claim).encode())
+    assert mine.status_code == 200, mine.text  # its own token, another of its workers
+    assert_problem(await send(f"{path}x/claim", json.dumps(claim).encode()), 404)
+    wrong = await send(f"{path}/claim", json.dumps({**claim, "demand": 0}).encode())
+    assert assert_problem(wrong, 422)["errors"][0]["loc"] == ["body", "demand"]
+    assert_problem(await send(f"{path}/claim", b'{"workloop": 0,'), 400, ProblemType.MALFORMED_JSON)
+    untyped = await send(f"{path}/claim", json.dumps(claim).encode(), "text/plain")
+    assert_problem(untyped, 422)
 
 
 def test_the_workers_remembered_for_their_claims_hold_no_more_than_their_budget() -> None:
