@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -36,6 +37,7 @@ from tidegate.signatures import verify
 from tidegate.storage.sql import query
 from tidegate.worker.counters import DURATION_BUCKETS
 from tidegate.worker.link import RemoteLink
+from tidegate.worker.services import LinkError
 
 
 @pytest.fixture
@@ -743,6 +745,47 @@ async def test_a_remote_worker_refused_by_the_api_says_so_in_one_line(
     assert done.stderr.splitlines()[-1] == (
         f"tidegate: the API at {api.url} answered /workers with 403: unknown worker token"
     )
+
+
+async def test_a_remote_worker_calls_the_api_through_the_proxy_its_environment_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``HTTP_PROXY`` (its credentials sent to the proxy) and ``NO_PROXY`` hold, read as
+    the link opens (tidegate.worker.link ``_proxied``). The proxy here answers every call
+    503; the API's port is closed, so a call that went past the proxy is refused."""
+    heads: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        heads.append(await reader.readuntil(b"\r\n\r\n"))
+        writer.write(b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    closed = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    api_port = closed.sockets[0].getsockname()[1]
+    closed.close()
+    await closed.wait_closed()
+    worker: Any = SimpleNamespace(settings=SimpleNamespace(workloops="manual:1"), tasks={}, id="w")
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(
+        "HTTP_PROXY", f"http://tg:s3cret@127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    )
+    async with server:
+        proxied = RemoteLink(f"http://localhost:{api_port}", "tgw_x", 1.0)
+        with pytest.raises(LinkError, match="answered /workers with 503"):
+            await proxied.open(worker)
+        (head,) = heads
+        assert head.startswith(f"POST http://localhost:{api_port}/workers HTTP/1.1".encode())
+        credentials = base64.b64encode(b"tg:s3cret").decode()
+        assert f"Proxy-Authorization: Basic {credentials}\r\n" in head.decode()
+
+        monkeypatch.setenv("NO_PROXY", "localhost")
+        direct = RemoteLink(f"http://localhost:{api_port}", "tgw_x", 1.0)
+        with pytest.raises(LinkError, match="cannot reach the API"):
+            await direct.open(worker)
+        assert len(heads) == 1
 
 
 async def test_a_run_nested_as_deep_as_allowed_is_claimed_and_completed(

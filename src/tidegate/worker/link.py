@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.parse
+import urllib.request
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
@@ -123,7 +125,7 @@ class RemoteLink:
             self.session = aiohttp.ClientSession(
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=REQUEST_SECONDS + self.poll_seconds),
-                trust_env=True,  # HTTP(S)_PROXY and NO_PROXY, as httpx read them
+                trust_env=_proxied(self.base),
             )
         body = {
             "workloops": worker.settings.workloops,
@@ -222,6 +224,17 @@ class RemoteLink:
                 transient=status in PASSING_STATUSES,
             )
         return json.loads(content) if content else None
+
+
+def _proxied(base: str) -> bool:
+    """Whether the environment names a proxy for the API (``HTTP_PROXY``,
+    ``HTTPS_PROXY``, less ``NO_PROXY``): then aiohttp reads them (its ``trust_env``),
+    as httpx does. Not otherwise: ``trust_env`` reads them again at every call, and
+    ``~/.netrc``, each in a thread, two trips through the thread pool per claim, a tenth
+    of a remote worker's CPU in a drain (docs/benchmarks.md, "Remote workers")."""
+    url = urllib.parse.urlsplit(base)
+    named = urllib.request.getproxies().get(url.scheme)
+    return bool(named) and not (url.hostname and urllib.request.proxy_bypass(url.hostname))
 
 
 def _completed(answer: dict[str, Any]) -> Rows:
