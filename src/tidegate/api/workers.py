@@ -116,9 +116,9 @@ WORKER_BEARER = WorkerBearer(scheme_name="WorkerToken", description="A worker to
 
 
 class WorkerRoute(APIRoute):
-    """A route of the worker protocol. Those of a worker's cycle (``claim``,
-    ``complete``, ``heartbeat``: the endpoint takes the worker's id, a body model, the
-    request and the caller) are served lean when the call is well formed: the caller the
+    """A route of the worker protocol. Those whose endpoint takes the worker's id, a body
+    model, the request and the caller (``claim``, ``complete``, ``heartbeat``, ``stop``:
+    a worker's cycle, and its end) are served lean when the call is well formed: the caller the
     Guard found is the worker the path names, and the body is JSON its model accepts,
     read and checked in one call (``model_validate_json``). Anything else, FastAPI's own
     handler serves (its answers, its 422s: the body read once, kept by the request).
