@@ -18,10 +18,13 @@ def test_http_benchmark_smoke_run_verifies_every_webhook(database_url: str) -> N
         steady = sync[client]
         assert steady["requests"] == round(SMOKE.rate * SMOKE.steady_seconds)
         # Every request was answered; every admitted one has its succeeded run and its
-        # request row (checked in the run), and a rejected one left nothing.
+        # request row (checked in the run), and a rejected one left nothing. The load is
+        # an open loop at a fixed rate: on a loaded machine more requests are in flight
+        # at once, and the project's cap or the slots answer some of them, as they must.
         assert set(steady["statuses"]) <= {
             "200",
             "202",
+            "429 the project's fast-lane cap is reached",
             "503 no worker has a free fast-lane slot",
         }, steady["statuses"]
         answered = steady["statuses"].get("200", 0) + steady["statuses"].get("202", 0)
