@@ -67,6 +67,19 @@ def test_a_half_hourly_schedule_keeps_its_real_time_pace_through_both_dst_change
         assert {b - a for a, b in itertools.pairwise(ticks)} == {timedelta(minutes=30)}
 
 
+def test_ticks_due_across_a_half_hour_change_of_offset_are_all_found() -> None:
+    """Lord Howe turns its clocks back half an hour on 2029-04-01 at 02:00 (+11 to
+    +10:30). cronsim, walking backwards from just after the change, leaps to 2026: the
+    ticks due since 00:30 are found walking forwards instead."""
+    timing = Timing(cron="30 */2 */7 1-4 0", timezone="Australia/Lord_Howe")
+    start = timing.first_tick(utc(2026, 11, 28))
+    assert start == utc(2029, 3, 31, 13, 30)  # 00:30 local, +11
+    plan = timing.plan(start, utc(2029, 3, 31, 15, 30), "all", 50)
+    assert (plan.ticks, plan.missed, plan.next_tick) == ([start], 0, utc(2029, 3, 31, 16))
+    later = timing.plan(start, utc(2029, 3, 31, 20, 30), "all", 2)
+    assert (later.ticks, later.missed) == ([utc(2029, 3, 31, 18), utc(2029, 3, 31, 20)], 2)
+
+
 def test_after_downtime_the_catch_up_policy_says_which_missed_ticks_run() -> None:
     every_minute = Timing(interval_seconds=60)
     now = utc(2026, 5, 1, 12, 0, 30)

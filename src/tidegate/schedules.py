@@ -49,6 +49,7 @@ error kept in ``last_error`` until a tick succeeds.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
@@ -219,14 +220,33 @@ class Timing:
             return [start + k * step for k in newest], count, start + count * step
         ticks: list[datetime] = []
         count = 0
+        oldest = None
         local = (now + timedelta(microseconds=1)).astimezone(self.zone)
         for tick in CronSim(self.expression, local, reverse=True):
             if tick < start or count >= COUNT_LIMIT:
                 break
             count += 1
+            oldest = tick
             if len(ticks) < take:
                 ticks.append(tick.astimezone(UTC))
+        first = self.first_tick(start - timedelta(microseconds=1))
+        if count < COUNT_LIMIT and first <= now and oldest != first:
+            # cronsim walking backwards across a change of UTC offset can leap over
+            # ticks (from 2029-04-01 02:00 at Lord Howe, which turns its clocks back half
+            # an hour, to 2026): forwards from ``start`` then, as far as ``now``.
+            return (*self._forward(first, now, take), self.first_tick(now))
         return ticks[::-1], count, self.first_tick(now)
+
+    def _forward(self, first: datetime, now: datetime, take: int) -> tuple[list[datetime], int]:
+        """The newest ``take`` ticks from ``first`` (a tick) to ``now``, and how many."""
+        newest: collections.deque[datetime] = collections.deque([first], maxlen=take)
+        count = 1
+        for tick in CronSim(self.expression, first.astimezone(self.zone)):
+            if tick > now or count >= COUNT_LIMIT:
+                break
+            count += 1
+            newest.append(tick.astimezone(UTC))
+        return list(newest), count
 
 
 @functools.cache
